@@ -1,0 +1,40 @@
+"""``fp8dit demo | bench | check``.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args)``;
+modules are imported only when their subcommand runs (diffusers and matplotlib stay optional).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "demo": ("fp8dit.demo", "denoise with a small Wan transformer, bf16 vs fp8dit, side by side"),
+    "bench": ("fp8dit.bench", "time fp8dit against SDPA cuDNN/flash and SageAttention"),
+    "check": ("fp8dit.check", "accuracy of each recipe against fp64 on chosen input families"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fp8dit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="{demo,bench,check}")
+    for name, (module, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

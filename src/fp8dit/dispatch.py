@@ -1,0 +1,130 @@
+"""Backends as data: name -> (requirements check, implementation), and the auto fallback.
+
+Each requirement check returns ``None`` when the backend can run or a reason string when it
+cannot (FlashInfer's ``backend_requirement`` idea). ``auto`` walks the preference list and
+takes the first backend that can run, logging once why a preferred one was skipped; a backend
+asked for by name raises :class:`BackendUnavailableError` with the reason instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import env
+from .plan import MAX_HEAD_DIM
+
+logger = logging.getLogger("fp8dit")
+
+# Compute capability with FP8 tensor cores (Ada 8.9, Hopper 9.0 and newer).
+FP8_MIN_CAPABILITY = (8, 9)
+FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend requested by name cannot run these inputs; the message says why."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    description: str
+    check: Callable[..., str | None]  # (q, k, v, is_causal) -> None or reason
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the install
+        return f"triton is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           is_causal: bool = False) -> str | None:
+    if env.fp8_disabled():
+        return "FP8DIT_DISABLE=1 is set"
+    err = _triton_import_error()
+    if err:
+        return err
+    dev = q.device
+    if dev.type == "cuda":
+        cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
+        if cap < FP8_MIN_CAPABILITY:
+            return (
+                f"GPU compute capability {cap[0]}.{cap[1]} has no FP8 tensor cores "
+                f"(needs {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or newer)"
+            )
+    elif dev.type == "cpu":
+        if not env.triton_interpret():
+            return "CPU tensors need TRITON_INTERPRET=1 to run the Triton kernels (interpreter)"
+    else:
+        return f"device type {dev.type!r} is not supported by the FP8 kernels"
+    if q.dtype not in FP8_INPUT_DTYPES:
+        return f"dtype {q.dtype} is not supported (FP8 path takes bfloat16 or float16)"
+    D = q.shape[-1]
+    if D > MAX_HEAD_DIM:
+        return f"head_dim {D} is over {MAX_HEAD_DIM}"
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return "inputs require grad; the FP8 path is forward-only (inference)"
+    return None
+
+
+def _always(q, k, v, is_causal=False) -> str | None:
+    return None
+
+
+BACKENDS: dict[str, Backend] = {
+    "fp8": Backend(
+        "fp8",
+        "fp8dit persistent kernel: INT8/FP8 QK, FP8 PV (Triton)",
+        fp8_unsupported_reason,
+    ),
+    "sdpa": Backend("sdpa", "torch scaled_dot_product_attention in the input dtype", _always),
+}
+AUTO_ORDER = ("fp8", "sdpa")
+
+_logged: set[str] = set()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        logger.warning(msg)
+
+
+def resolve(backend: str, q, k, v, is_causal: bool = False) -> tuple[str, str]:
+    """(backend name, reason) for a call; raises if a named backend cannot run."""
+    if backend == "auto":
+        backend = env.default_backend()
+    if backend == "auto":
+        skipped = []
+        for name in AUTO_ORDER:
+            reason = BACKENDS[name].check(q, k, v, is_causal)
+            if reason is None:
+                why = f"auto: {BACKENDS[name].description}"
+                if skipped:
+                    why += " (" + "; ".join(skipped) + ")"
+                    _log_once(f"fp8dit: falling back to {name}: " + "; ".join(skipped))
+                return name, why
+            skipped.append(f"{name} unavailable: {reason}")
+        raise BackendUnavailableError("no backend can run these inputs: " + "; ".join(skipped))
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"backend: expected one of auto, {', '.join(BACKENDS)}, got {backend!r}"
+        )
+    reason = BACKENDS[backend].check(q, k, v, is_causal)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend={backend!r} cannot run these inputs: {reason}")
+    return backend, f"requested: {BACKENDS[backend].description}"

@@ -1,0 +1,56 @@
+"""Every ``FP8DIT_*`` environment variable is read here and nowhere else.
+
+=====================  =====================================================================
+variable               meaning
+=====================  =====================================================================
+``FP8DIT_BACKEND``     default backend for ``backend="auto"`` calls: ``auto`` | ``fp8`` | ``sdpa``
+``FP8DIT_DISABLE``     ``1`` turns the FP8 path off everywhere (auto always picks ``sdpa``)
+``FP8DIT_RECIPE``      default accuracy recipe name (see :mod:`fp8dit.recipes`)
+``FP8DIT_PLAN_CACHE``  how many plans the LRU plan cache keeps (default 64)
+``TRITON_INTERPRET``   ``1`` runs the Triton kernels on CPU tensors through Triton's interpreter
+=====================  =====================================================================
+
+Values are read at call time (cheap dictionary look-ups), so tests and users can change them
+without re-importing the package.
+"""
+
+from __future__ import annotations
+
+import os
+
+BACKENDS = ("auto", "fp8", "sdpa")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def default_backend() -> str:
+    value = os.environ.get("FP8DIT_BACKEND", "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ValueError(
+            f"FP8DIT_BACKEND: expected one of {', '.join(BACKENDS)}, got {value!r}"
+        )
+    return value
+
+
+def fp8_disabled() -> bool:
+    return os.environ.get("FP8DIT_DISABLE", "0").strip().lower() in _TRUE
+
+
+def default_recipe() -> str | None:
+    value = os.environ.get("FP8DIT_RECIPE", "").strip()
+    return value or None
+
+
+def plan_cache_size() -> int:
+    raw = os.environ.get("FP8DIT_PLAN_CACHE", "64")
+    try:
+        size = int(raw)
+    except ValueError:
+        raise ValueError(f"FP8DIT_PLAN_CACHE: expected an integer, got {raw!r}") from None
+    if size < 1:
+        raise ValueError(f"FP8DIT_PLAN_CACHE: expected at least 1, got {size}")
+    return size
+
+
+def triton_interpret() -> bool:
+    """True when Triton kernels run through the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE

@@ -1,0 +1,168 @@
+"""Persistent FP8 attention forward: each program walks its slice of the plan's work list.
+
+A work item is one query tile of one head of one sequence against a contiguous range of kv
+blocks (fields ``W_*``). An item that covers the whole kv range writes the final output (in the
+user's dtype and layout, head-dim padding dropped) and the final LSE; a split-KV piece writes an
+fp32 partial output and its LSE to the plan-sized partial buffers for the reduce kernel.
+
+Inner loop per kv block (scores kept in log2 units, scales folded):
+    s = dot(q8, k8^T)                       int8 x int8 -> int32 (or fp8 x fp8 -> fp32)
+    t = s * (q_scale[row] * k_scale[block])  q_scale already holds softmax_scale * log2(e)
+    p = exp2(t - m + P_SHIFT)               P in [0, 2^P_SHIFT]: uses fp8's range, not just [0,1]
+    acc = acc * alpha + dot(fp8(p), v8)      two-level: each block's PV starts from zero in fp32
+"""
+
+import triton
+import triton.language as tl
+
+from .common import to_fp8_e4m3
+
+# Work-item fields (int32 columns of the plan's work table).
+W_SEQ = 0
+W_HEAD = 1
+W_QTILE = 2
+W_KV_LO = 3  # first kv block (inclusive)
+W_KV_HI = 4  # last kv block (exclusive)
+W_SLOT = 5  # partial-output slot, or -1 when the item writes the final output
+W_FIELDS = 6
+
+# p is computed as exp2(t - m + P_SHIFT) so its largest value is 2^P_SHIFT = 256 (< 448, e4m3's
+# max): small probabilities keep more mantissa in fp8 than they would in [0, 1].
+P_SHIFT = 8.0
+
+
+@triton.jit
+def _attn_block(
+    acc, l_i, m_i, q, q_scale, k_tile_ptr, vt_tile_ptr, k_scale,
+    kv_col0, rows, k_len, offs_n,
+    Tk_pad,
+    MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr,
+    SOFT_FP8_CAST: tl.constexpr,
+):
+    k = tl.load(k_tile_ptr)  # [BLOCK_N, DP] int8 or fp8
+    if QK_INT8:
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+    else:
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+    c = q_scale * k_scale  # [BLOCK_M], > 0
+    if MASK:
+        cols = kv_col0 + offs_n
+        valid = (cols < k_len)[None, :]
+        if IS_CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+    # A row with no valid column yet (split piece above the causal diagonal) keeps m = -inf;
+    # use 0 as its reference so exp2 sees -inf - 0 instead of -inf - -inf.
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_ref)
+    p = tl.math.exp2(s * c[:, None] - (m_ref - 8.0)[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p8 = to_fp8_e4m3(p, SOFT_FP8_CAST)
+    vt = tl.load(vt_tile_ptr)  # [DP, BLOCK_N] fp8 (V transposed: K-major for the PV dot)
+    pv = tl.dot(p8, tl.trans(vt))
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attention_fwd_persistent_kernel(
+    q8_ptr, q_scale_ptr, q_lse_corr_ptr,
+    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr,
+    seq_ptr, work_ptr, work_indptr_ptr,
+    out_ptr, o_sb, o_st, o_sh, o_sd,
+    lse_ptr, l_sb, l_sh, l_st,
+    part_o_ptr, part_lse_ptr,
+    D, Tq_pad, Tk_pad, n_kblocks, group, Hkv,
+    DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    w_begin = tl.load(work_indptr_ptr + pid)
+    w_end = tl.load(work_indptr_ptr + pid + 1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, DP)
+    for w in range(w_begin, w_end):
+        item = work_ptr + w * 6
+        b = tl.load(item + 0)
+        h = tl.load(item + 1)
+        qt = tl.load(item + 2)
+        kv_lo = tl.load(item + 3)
+        kv_hi = tl.load(item + 4)
+        slot = tl.load(item + 5)
+        hk = h // group
+        q_len = tl.load(seq_ptr + b * 8 + 0)
+        k_len = tl.load(seq_ptr + b * 8 + 1)
+        q_src = tl.load(seq_ptr + b * 8 + 2)
+        q_pad = tl.load(seq_ptr + b * 8 + 4)
+        k_pad = tl.load(seq_ptr + b * 8 + 5)
+        k_blk = tl.load(seq_ptr + b * 8 + 6)
+
+        row0 = qt * BLOCK_M
+        rows = row0 + offs_m
+        qrow = (q_pad + rows).to(tl.int64)
+        hq64 = h.to(tl.int64)
+        q = tl.load(q8_ptr + hq64 * Tq_pad * DP + qrow[:, None] * DP + offs_d[None, :])
+        q_scale = tl.load(q_scale_ptr + hq64 * Tq_pad + qrow)
+
+        k_base = k8_ptr + hk.to(tl.int64) * Tk_pad * DP + k_pad.to(tl.int64) * DP
+        vt_base = v8t_ptr + hk.to(tl.int64) * DP * Tk_pad + k_pad
+        ks_base = k_scale_ptr + hk * n_kblocks + k_blk
+
+        # Blocks before `hi_fast` need no mask: inside the sequence and, when causal, entirely
+        # at or below the diagonal for every row of the tile.
+        hi_fast = k_len // BLOCK_N
+        if IS_CAUSAL:
+            hi_fast = tl.minimum(hi_fast, (row0 + 1) // BLOCK_N)
+        hi_fast = tl.maximum(tl.minimum(hi_fast, kv_hi), kv_lo)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, DP], dtype=tl.float32)
+        for kb in range(kv_lo, hi_fast):
+            col0 = kb * BLOCK_N
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, q_scale,
+                k_base + (col0 + offs_n)[:, None] * DP + offs_d[None, :],
+                vt_base + offs_d[:, None] * Tk_pad + (col0 + offs_n)[None, :],
+                tl.load(ks_base + kb),
+                col0, rows, k_len, offs_n, Tk_pad,
+                False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST,
+            )
+        for kb in range(hi_fast, kv_hi):
+            col0 = kb * BLOCK_N
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, q, q_scale,
+                k_base + (col0 + offs_n)[:, None] * DP + offs_d[None, :],
+                vt_base + offs_d[:, None] * Tk_pad + (col0 + offs_n)[None, :],
+                tl.load(ks_base + kb),
+                col0, rows, k_len, offs_n, Tk_pad,
+                True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST,
+            )
+
+        vbase = (b * Hkv + hk) * DP
+        v_scale = tl.load(v_scale_ptr + vbase + offs_d)
+        v_mean = tl.load(v_mean_ptr + vbase + offs_d)
+        empty = l_i == 0.0
+        inv_l = tl.where(empty, 0.0, 1.0 / l_i)
+        o = acc * inv_l[:, None] * v_scale[None, :] + v_mean[None, :]
+        o = tl.where(empty[:, None], 0.0, o)
+        # lse in natural log: (m + log2(l) - P_SHIFT) * ln 2, plus the K-smoothing shift.
+        corr = tl.load(q_lse_corr_ptr + hq64 * Tq_pad + qrow)
+        lse = (m_i + tl.math.log2(l_i) - 8.0) * 0.6931471805599453 + corr
+        lse = tl.where(empty, float("-inf"), lse)
+        if slot < 0:
+            rmask = rows < q_len
+            tok = (q_src + rows).to(tl.int64)
+            optr = (
+                out_ptr + b.to(tl.int64) * o_sb + hq64 * o_sh
+                + tok[:, None] * o_st + offs_d[None, :] * o_sd
+            )
+            tl.store(optr, o.to(out_ptr.dtype.element_ty),
+                     mask=rmask[:, None] & (offs_d < D)[None, :])
+            tl.store(lse_ptr + b.to(tl.int64) * l_sb + hq64 * l_sh + tok * l_st, lse, mask=rmask)
+        else:
+            pbase = slot.to(tl.int64) * BLOCK_M
+            tl.store(part_o_ptr + (pbase + offs_m)[:, None] * DP + offs_d[None, :], o)
+            tl.store(part_lse_ptr + pbase + offs_m, lse)

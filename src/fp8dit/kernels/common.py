@@ -1,0 +1,65 @@
+"""Small jit helpers shared by the quantization and attention kernels."""
+
+import triton
+import triton.language as tl
+
+# Largest finite float8 e4m3fn value.
+FP8_E4M3_MAX = 448.0
+
+
+@triton.jit
+def round_to_e4m3_grid(x):
+    """Round fp32 ``x`` to the nearest e4m3 value (ties to even), still in fp32.
+
+    Only used when ``SOFT_FP8_CAST`` is set, i.e. under Triton's CPU interpreter, whose fp32->fp8
+    conversion drops the carry when rounding up overflows the mantissa (1.94 -> 1.0). After this
+    rounding the low mantissa bits are zero, so the interpreter's cast is exact. The GPU's
+    ``cvt.rn.satfinite`` rounds the same way on its own, so compiled kernels skip this.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    exp = (bits >> 23) & 0xFF
+    # e4m3 keeps 3 mantissa bits; below 2^-6 it is subnormal with a fixed step of 2^-9.
+    e_eff = tl.maximum(exp - 127, -6)
+    # Adding 1.5 * 2^(e_eff + 20) moves the value into a binade whose fp32 ulp is 2^(e_eff - 3),
+    # the e4m3 step at x's exponent, so fp32 round-to-nearest-even does the rounding.
+    magic = (((e_eff + 20 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    ax = tl.abs(x)
+    r = (ax + magic) - magic
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr):
+    """Saturating cast of fp32 to float8e4nv; NaN stays NaN."""
+    # where() rather than min/max: comparisons with NaN are false, so NaN passes through
+    # (hardware max/min would return the other operand and turn NaN into +-448).
+    x = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
+    if SOFT_FP8_CAST:
+        x = round_to_e4m3_grid(x)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def finite_or(x, fill):
+    """``x`` where finite, else ``fill``: keeps one bad element from poisoning a shared scale."""
+    return tl.where((x == x) & (tl.abs(x) < float("inf")), x, fill)
+
+
+@triton.jit
+def to_int8_rn(x):
+    """Round-to-nearest (half away from zero) saturating cast of fp32 to int8; NaN gives 0.
+
+    Callers flag non-finite data through a NaN scale instead (int8 has no NaN).
+    """
+    x = tl.where(x == x, x, 0.0)
+    x = tl.minimum(tl.maximum(x, -127.0), 127.0)
+    return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
+
+
+@triton.jit
+def quantize_tile(x, inv_scale, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr):
+    """``x * inv_scale`` to int8 or float8e4nv."""
+    if QK_INT8:
+        return to_int8_rn(x * inv_scale)
+    else:
+        return to_fp8_e4m3(x * inv_scale, SOFT_FP8_CAST)

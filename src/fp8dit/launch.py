@@ -1,0 +1,205 @@
+"""Launchers of the FP8 path: quantize -> persistent attention -> merge, driven by a plan.
+
+Layers (quack's habit): ``launch_fp8_attention`` writes into tensors it is given and trusts
+them; ``fp8_attention_fwd`` allocates exactly what the plan sized and calls it. Validation
+happens once, in :mod:`fp8dit.api`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import env
+from .kernels.attention import attention_fwd_persistent_kernel
+from .kernels.quantize import (
+    N_STATS,
+    kv_channel_stats_kernel,
+    quantize_kv_kernel,
+    quantize_q_kernel,
+)
+from .kernels.reduce import merge_partials_kernel
+from .plan import STATS_CHUNK, Plan, PlanKey, get_plan, padded_head_dim
+from .recipes import Recipe
+
+LOG2E = 1.4426950408889634
+FP8 = torch.float8_e4m3fn
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def tile_config(head_dim_padded: int, device: torch.device) -> dict:
+    """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here)."""
+    if head_dim_padded >= 256:
+        cfg = dict(block_m=128, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
+    elif head_dim_padded >= 128:
+        cfg = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=1)
+    else:
+        cfg = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=2)
+    if device.type == "cuda":
+        cfg["num_programs"] = _sm_count(device.index or 0) * cfg["programs_per_sm"]
+    else:
+        # Interpreter: programs run one after another; a few still exercise the persistence.
+        cfg["num_programs"] = 4
+    return cfg
+
+
+def plan_for(
+    q_lens, k_lens, *, varlen: bool, num_heads: int, num_kv_heads: int, head_dim: int,
+    is_causal: bool, device: torch.device, num_splits: int | None = None,
+    num_programs: int | None = None,
+) -> tuple[Plan, dict]:
+    cfg = tile_config(padded_head_dim(head_dim), device)
+    key = PlanKey(
+        q_lens=tuple(int(x) for x in q_lens),
+        k_lens=tuple(int(x) for x in k_lens),
+        varlen=varlen,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        is_causal=is_causal,
+        block_m=cfg["block_m"],
+        block_n=cfg["block_n"],
+        num_programs=num_programs or cfg["num_programs"],
+        num_splits=num_splits,
+        device=str(device),
+    )
+    return get_plan(key), cfg
+
+
+def launch_fp8_attention(
+    plan: Plan, cfg: dict, recipe: Recipe, scale: float,
+    q, q_strides, k, k_strides, v, v_strides,
+    out, out_strides, lse, lse_strides,
+) -> None:
+    """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
+    key = plan.key
+    dev = q.device
+    B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
+    Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
+    soft = env.triton_interpret()
+    qk_int8 = recipe.qk == "int8"
+    tabs = plan.tables(dev)
+    f32 = torch.float32
+
+    stats = torch.empty(B, Hkv, max(plan.n_chunks, 1), N_STATS, Dp, device=dev, dtype=f32)
+    qk_dtype = torch.int8 if recipe.qk == "int8" else FP8
+    q8 = torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype)
+    q_scale = torch.empty(H, plan.q_total_padded, device=dev, dtype=f32)
+    q_corr = torch.empty(H, plan.q_total_padded, device=dev, dtype=f32)
+    k8 = torch.empty(Hkv, plan.k_total_padded, Dp, device=dev, dtype=qk_dtype)
+    k_scale = torch.empty(Hkv, max(plan.n_kblocks, 1), device=dev, dtype=f32)
+    v8t = torch.empty(Hkv, Dp, plan.k_total_padded, device=dev, dtype=FP8)
+    v_scale = torch.empty(B, Hkv, Dp, device=dev, dtype=f32)
+    v_mean = torch.empty(B, Hkv, Dp, device=dev, dtype=f32)
+    part_o = torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32)
+    part_lse = torch.empty(max(plan.n_partials, 1), BM, device=dev, dtype=f32)
+
+    if plan.n_chunks:
+        kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
+            k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
+            DP=Dp, CHUNK=STATS_CHUNK, SUB=64, num_warps=4,
+        )
+        quantize_kv_kernel[(plan.max_k_blocks, Hkv, B)](
+            k, v, stats, tabs["seq"], k8, k_scale, v8t, v_scale, v_mean,
+            *k_strides, *v_strides, plan.n_chunks, D, plan.k_total_padded, k_scale.shape[1],
+            DP=Dp, BLOCK_N=BN, CHUNK=STATS_CHUNK,
+            SMOOTH_K=recipe.smooth_k, CENTER_V=recipe.center_v, QK_INT8=qk_int8,
+            SOFT_FP8_CAST=soft,
+            num_warps=4,
+        )
+    if plan.max_q_blocks:
+        quantize_q_kernel[(plan.max_q_blocks, H, B)](
+            q, stats, tabs["seq"], q8, q_scale, q_corr, *q_strides,
+            plan.n_chunks, D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
+            DP=Dp, BLOCK_M=BM, CHUNK=STATS_CHUNK, SMOOTH_K=recipe.smooth_k,
+            QK_INT8=qk_int8, SOFT_FP8_CAST=soft, num_warps=4,
+        )
+    if plan.n_work:
+        attention_fwd_persistent_kernel[(plan.num_programs,)](
+            q8, q_scale, q_corr, k8, k_scale, v8t, v_scale, v_mean,
+            tabs["seq"], tabs["work"], tabs["work_indptr"],
+            out, *out_strides, lse, *lse_strides, part_o, part_lse,
+            D, plan.q_total_padded, plan.k_total_padded, k_scale.shape[1], H // Hkv, Hkv,
+            DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=qk_int8,
+            SOFT_FP8_CAST=soft,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+    if plan.n_reduce:
+        merge_partials_kernel[(plan.n_reduce,)](
+            part_o, part_lse, tabs["reduce"], tabs["seq"],
+            out, *out_strides, lse, *lse_strides, D,
+            DP=Dp, BLOCK_M=BM, num_warps=8,
+        )
+
+
+def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    if layout == "NHD":  # [B, S, H, D]
+        return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+    if layout == "HND":  # [B, H, S, D]
+        return t.stride(0), t.stride(2), t.stride(1), t.stride(3)
+    # packed varlen [T, H, D]
+    return 0, t.stride(0), t.stride(1), t.stride(2)
+
+
+def fp8_attention_fwd(
+    q, k, v, *, layout: str, scale: float, is_causal: bool, recipe: Recipe,
+    num_splits: int | None = None,
+):
+    """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32)."""
+    if layout == "NHD":
+        B, Sq, H, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+    else:
+        B, H, Sq, D = q.shape
+        Hkv, Sk = k.shape[1], k.shape[2]
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
+    if B == 0 or Sq == 0:
+        return out, lse
+    if Sk == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    plan, cfg = plan_for(
+        [Sq] * B, [Sk] * B, varlen=False, num_heads=H, num_kv_heads=Hkv, head_dim=D,
+        is_causal=is_causal, device=q.device, num_splits=num_splits,
+    )
+    launch_fp8_attention(
+        plan, cfg, recipe, scale,
+        q, _bthd_strides(q, layout), k, _bthd_strides(k, layout), v, _bthd_strides(v, layout),
+        out, _bthd_strides(out, layout), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
+    )
+    return out, lse
+
+
+def fp8_attention_varlen_fwd(
+    q, k, v, q_lens, k_lens, *, scale: float, is_causal: bool, recipe: Recipe,
+    num_splits: int | None = None,
+):
+    """Packed [T, H, D] FP8 attention; returns (out [Tq, H, D], lse [H, Tq] fp32)."""
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    out = torch.empty_like(q)
+    lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
+    if T == 0:
+        return out, lse
+    plan, cfg = plan_for(
+        q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv, head_dim=D,
+        is_causal=is_causal, device=q.device, num_splits=num_splits,
+    )
+    if plan.needs_zero_fill:
+        out.zero_()
+        lse.fill_(-math.inf)
+    launch_fp8_attention(
+        plan, cfg, recipe, scale,
+        q, _bthd_strides(q, "varlen"), k, _bthd_strides(k, "varlen"),
+        v, _bthd_strides(v, "varlen"),
+        out, _bthd_strides(out, "varlen"), lse, (0, lse.stride(0), lse.stride(1)),
+    )
+    return out, lse
+
+

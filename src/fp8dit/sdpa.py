@@ -1,0 +1,64 @@
+"""The bf16/fp16 reference path through ``torch.nn.functional.scaled_dot_product_attention``.
+
+It is the fallback of ``auto`` and the ``"sdpa"`` backend. SDPA returns no log-sum-exp, so when
+one is asked for it is computed separately in fp32 (chunked over query rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _lse_fp32(qh, kh, scale: float, is_causal: bool, chunk: int = 1024) -> torch.Tensor:
+    B, H, Sq, _ = qh.shape
+    Hkv, Sk = kh.shape[1], kh.shape[2]
+    kf = kh.float().repeat_interleave(H // Hkv, dim=1)
+    lse = torch.empty(B, H, Sq, device=qh.device, dtype=torch.float32)
+    for r0 in range(0, Sq, chunk):
+        r1 = min(Sq, r0 + chunk)
+        s = torch.matmul(qh[:, :, r0:r1].float(), kf.transpose(-1, -2)) * scale
+        if is_causal:
+            rows = torch.arange(r0, r1, device=s.device)[:, None]
+            cols = torch.arange(Sk, device=s.device)[None, :]
+            s = s.masked_fill(cols > rows, float("-inf"))
+        lse[:, :, r0:r1] = torch.logsumexp(s, dim=-1)
+    return lse
+
+
+def sdpa_attention(q, k, v, *, layout: str, scale: float, is_causal: bool, return_lse: bool):
+    """Dense attention in the input dtype; lse [B, H, Sq] fp32 or None."""
+    if layout == "NHD":
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    else:
+        qh, kh, vh = q, k, v
+    H, Hkv = qh.shape[1], kh.shape[1]
+    if H != Hkv:
+        kh = kh.repeat_interleave(H // Hkv, dim=1)
+        vh = vh.repeat_interleave(H // Hkv, dim=1)
+    out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale, is_causal=is_causal)
+    if layout == "NHD":
+        out = out.transpose(1, 2)
+    lse = _lse_fp32(qh, kh, scale, is_causal) if return_lse else None
+    return out, lse
+
+
+def sdpa_attention_varlen(q, k, v, q_lens, k_lens, *, scale, is_causal, return_lse):
+    """Packed [T, H, D] attention, one SDPA call per sequence; lse [H, Tq] fp32 or None."""
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, device=q.device, dtype=torch.float32)
+    q0 = k0 = 0
+    for lq, lk in zip(q_lens, k_lens):
+        if lq and lk:
+            o, l_ = sdpa_attention(
+                q[None, q0:q0 + lq], k[None, k0:k0 + lk], v[None, k0:k0 + lk],
+                layout="NHD", scale=scale, is_causal=is_causal, return_lse=return_lse,
+            )
+            out[q0:q0 + lq] = o[0]
+            if return_lse:
+                lse[:, q0:q0 + lq] = l_[0]
+        q0 += lq
+        k0 += lk
+    return out, (lse if return_lse else None)

@@ -1,0 +1,213 @@
+"""fp64 references, error metrics and input families shared by tests, benchmarks and the CLI.
+
+The references compute in float64 on the inputs' device (chunked over query rows so that long
+sequences fit), which makes them the ground truth that every recipe is measured against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = [
+    "ErrorStats",
+    "attention_ref",
+    "attention_varlen_ref",
+    "error_stats",
+    "make_qkv",
+    "FAMILIES",
+]
+
+
+def _to_hnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    return x.transpose(1, 2) if layout == "NHD" else x
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "NHD",
+    scale: float | None = None,
+    is_causal: bool = False,
+    return_lse: bool = False,
+    dtype: torch.dtype = torch.float64,
+    chunk: int = 2048,
+):
+    """Exact attention in ``dtype`` (float64 by default), GQA and top-left causal like SDPA.
+
+    Returns out in ``dtype`` and q's layout; with ``return_lse`` also lse [B, H, Sq] (natural log).
+    """
+    qh, kh, vh = (_to_hnd(t, layout).to(dtype) for t in (q, k, v))
+    B, H, Sq, D = qh.shape
+    Hkv, Sk = kh.shape[1], kh.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    group = H // Hkv
+    kh = kh.repeat_interleave(group, dim=1)
+    vh = vh.repeat_interleave(group, dim=1)
+    out = torch.empty(B, H, Sq, vh.shape[-1], dtype=dtype, device=qh.device)
+    lse = torch.empty(B, H, Sq, dtype=dtype, device=qh.device)
+    for r0 in range(0, Sq, chunk):
+        r1 = min(Sq, r0 + chunk)
+        s = torch.matmul(qh[:, :, r0:r1], kh.transpose(-1, -2)) * scale
+        if is_causal:
+            rows = torch.arange(r0, r1, device=s.device)[:, None]
+            cols = torch.arange(Sk, device=s.device)[None, :]
+            s = s.masked_fill(cols > rows, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(s - m)
+        denom = p.sum(dim=-1, keepdim=True)
+        out[:, :, r0:r1] = torch.matmul(p, vh) / denom
+        lse[:, :, r0:r1] = (m + torch.log(denom)).squeeze(-1)
+    out = out.transpose(1, 2) if layout == "NHD" else out
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    scale: float | None = None,
+    is_causal: bool = False,
+    return_lse: bool = False,
+    dtype: torch.dtype = torch.float64,
+):
+    """Reference for packed [T, H, D] inputs; lse is [H, Tq] like flash-attn's varlen API."""
+    cq = cu_seqlens_q.tolist()
+    ck = cu_seqlens_k.tolist()
+    H = q.shape[1]
+    out = torch.zeros(q.shape[0], H, v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.full((H, q.shape[0]), float("-inf"), dtype=dtype, device=q.device)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        o, l_ = attention_ref(
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+            scale=scale, is_causal=is_causal, return_lse=True, dtype=dtype,
+        )
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l_[0]
+    return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Error of an approximation against a reference (all computed in float64)."""
+
+    cos: float
+    rel_l1: float
+    rmse: float
+    max_abs: float
+    nan: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"cos={self.cos:.6f} rel_l1={self.rel_l1:.4f} rmse={self.rmse:.3e} "
+            f"max_abs={self.max_abs:.3e}{' NaN!' if self.nan else ''}"
+        )
+
+
+def error_stats(approx: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
+    """cos similarity, rel-L1 (sum|a-r| / sum|r|), RMSE and max-abs error, flattened."""
+    a = approx.detach().to(torch.float64).flatten()
+    r = ref.detach().to(torch.float64).flatten().to(a.device)
+    nan = bool(torch.isnan(a).any())
+    finite = torch.isfinite(r)
+    a, r = a[finite], r[finite]
+    if a.numel() == 0:
+        return ErrorStats(1.0, 0.0, 0.0, 0.0, nan)
+    diff = a - r
+    denom = r.abs().sum().clamp_min(1e-300)
+    cos = torch.nn.functional.cosine_similarity(a, r, dim=0, eps=1e-300)
+    return ErrorStats(
+        cos=float(cos),
+        rel_l1=float(diff.abs().sum() / denom),
+        rmse=float(diff.pow(2).mean().sqrt()),
+        max_abs=float(diff.abs().max()),
+        nan=nan,
+    )
+
+
+def error_stats_per_head(approx: torch.Tensor, ref: torch.Tensor, layout: str = "NHD"):
+    """One :class:`ErrorStats` per head (dim 2 for NHD, 1 for HND)."""
+    dim = 2 if layout == "NHD" else 1
+    return [
+        error_stats(approx.select(dim, h), ref.select(dim, h)) for h in range(approx.shape[dim])
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Input families
+# ---------------------------------------------------------------------------------------------
+
+
+def _normal(shape_q, shape_kv, gen, device, dtype):
+    q = torch.randn(shape_q, generator=gen, device=device, dtype=torch.float32)
+    k = torch.randn(shape_kv, generator=gen, device=device, dtype=torch.float32)
+    v = torch.randn(shape_kv, generator=gen, device=device, dtype=torch.float32)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _dit_like(shape_q, shape_kv, gen, device, dtype):
+    """Activations shaped like DiT self-attention (NHD [B, S, H, D]).
+
+    K carries a large per-channel bias shared by all tokens, a few Q/K channels are outliers,
+    scores are sharper than i.i.d. normal ones (peaked attention), and V has a per-channel
+    offset. These are the properties that break per-tensor FP8 on video models.
+    """
+    D = shape_q[-1]
+    f32 = dict(generator=gen, device=device, dtype=torch.float32)
+    q = torch.randn(shape_q, **f32)
+    k = torch.randn(shape_kv, **f32)
+    v = torch.randn(shape_kv, **f32)
+    n_out = max(1, D // 32)
+    idx = torch.randperm(D, generator=gen, device="cpu")[:n_out].to(device)
+    q[..., idx] *= 6.0
+    k[..., idx] *= 6.0
+    k_bias = 4.0 * torch.randn(shape_kv[-2:], **f32)  # per (head, channel), same for all tokens
+    k = k + k_bias
+    v = v + 2.0 * torch.randn(shape_kv[-2:], **f32)
+    q = q * 1.6  # peaked attention: larger scores than i.i.d. normal
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+FAMILIES = {"normal": _normal, "dit": _dit_like}
+
+
+def make_qkv(
+    B: int,
+    H: int,
+    S: int,
+    D: int,
+    *,
+    Hkv: int | None = None,
+    Sk: int | None = None,
+    family: str = "normal",
+    layout: str = "NHD",
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+):
+    """Fresh q, k, v of an input family, in ``layout`` (``NHD`` [B,S,H,D] or ``HND`` [B,H,S,D])."""
+    if family not in FAMILIES:
+        raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {family!r}")
+    Hkv = H if Hkv is None else Hkv
+    Sk = S if Sk is None else Sk
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    q, k, v = FAMILIES[family]((B, S, H, D), (B, Sk, Hkv, D), gen, device, dtype)
+    if layout == "HND":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    return q, k, v
