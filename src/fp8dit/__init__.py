@@ -7,11 +7,23 @@ from .recipes import DEFAULT_RECIPE, RECIPES
 
 __version__ = "0.1.0"
 
+
+def enable(pipe_or_model, policy=None):
+    """Route a diffusers pipeline's or model's attention through fp8dit (needs diffusers).
+
+    Imported lazily: diffusers is an optional extra (``pip install fp8dit[diffusers]``).
+    """
+    from .integrations.diffusers import enable as _enable
+
+    return _enable(pipe_or_model, policy=policy)
+
+
 __all__ = [
     "BackendUnavailableError",
     "DEFAULT_RECIPE",
     "RECIPES",
     "attention",
+    "enable",
     "attention_varlen",
     "select_backend",
 ]
