@@ -8,7 +8,6 @@ asked for by name raises :class:`BackendUnavailableError` with the reason instea
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,13 +35,19 @@ class Backend:
     check: Callable[..., str | None]  # (q, k, v, is_causal) -> None or reason
 
 
-@functools.cache
+# Plain dict rather than functools.lru_cache: torch.compile traces through this module, and
+# dynamo ignores lru_cache wrappers (with a warning) but handles dict look-ups.
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
 def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    cap = _CAPABILITY.get(index)
+    if cap is None:
+        cap = _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
+    return cap
 
 
-@functools.lru_cache(maxsize=1)
-def _triton_import_error() -> str | None:
+def _probe_triton() -> str | None:
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
@@ -51,13 +56,15 @@ def _triton_import_error() -> str | None:
     return None
 
 
+_TRITON_ERROR = _probe_triton()
+
+
 def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            is_causal: bool = False) -> str | None:
     if env.fp8_disabled():
         return "FP8DIT_DISABLE=1 is set"
-    err = _triton_import_error()
-    if err:
-        return err
+    if _TRITON_ERROR:
+        return _TRITON_ERROR
     dev = q.device
     if dev.type == "cuda":
         cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())

@@ -16,6 +16,8 @@ __all__ = [
     "attention_ref",
     "attention_varlen_ref",
     "error_stats",
+    "attention_emulated",
+    "error_stats_per_head",
     "make_qkv",
     "FAMILIES",
 ]
@@ -211,3 +213,61 @@ def make_qkv(
     if layout == "HND":
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     return q, k, v
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure-torch emulation of a recipe (the "same-precision" yardstick for the kernels)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fp8_round(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def _int8_round(x: torch.Tensor) -> torch.Tensor:
+    # Half away from zero, like the kernels' cast.
+    return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5)).clamp(-127, 127)
+
+
+def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | None = None,
+                       is_causal: bool = False, block_n: int = 128):
+    """The recipe's quantization done in torch (fp32 math), attention in float64.
+
+    It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
+    after smoothing, per-channel V after centering, P scaled to [0, 256] in fp8), but uses
+    the exact row max instead of the kernel's running max. Kernel error should sit within a
+    small factor of this emulation's error: anything more is a bug, not precision.
+    """
+    qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
+    B, H, Sq, D = qh.shape
+    Hkv, Sk = kh.shape[1], kh.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    qmax = 127.0 if recipe.qk == "int8" else 448.0
+    rnd = _int8_round if recipe.qk == "int8" else _fp8_round
+    if recipe.smooth_k:
+        kh = kh - kh.mean(dim=2, keepdim=True)
+    qs = qh.abs().amax(-1, keepdim=True).clamp_min(1e-8) / qmax
+    q_dq = rnd(qh / qs) * qs
+    nb = -(-Sk // block_n)
+    kpad = torch.nn.functional.pad(kh, (0, 0, 0, nb * block_n - Sk))
+    kb = kpad.view(B, Hkv, nb, block_n, D)
+    ks = kb.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-8) / qmax
+    k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, D)[:, :, :Sk]
+    v_mean = vh.mean(dim=2, keepdim=True) if recipe.center_v else torch.zeros_like(vh[:, :, :1])
+    vc = vh - v_mean
+    vs = vc.abs().amax(dim=2, keepdim=True).clamp_min(1e-8) / 448.0
+    v_dq = _fp8_round(vc / vs) * vs
+    g = H // Hkv
+    k_dq = k_dq.repeat_interleave(g, 1).double()
+    v_dq = v_dq.repeat_interleave(g, 1).double()
+    s = torch.matmul(q_dq.double(), k_dq.transpose(-1, -2)) * scale
+    if is_causal:
+        rows = torch.arange(Sq, device=s.device)[:, None]
+        cols = torch.arange(Sk, device=s.device)[None, :]
+        s = s.masked_fill(cols > rows, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m) * 256.0
+    p8 = _fp8_round(p.float()).double()
+    out = torch.matmul(p8, v_dq) / p.sum(-1, keepdim=True) + v_mean.repeat_interleave(g, 1)
+    return out.transpose(1, 2) if layout == "NHD" else out

@@ -1,0 +1,162 @@
+"""Public API: validation messages, backend selection, environment, torch.compile."""
+
+import logging
+
+import pytest
+import torch
+
+import fp8dit
+from fp8dit import dispatch
+from fp8dit.testing import attention_ref, error_stats, make_qkv
+
+
+def _qkv(B=1, S=40, H=2, D=64, **kw):
+    return make_qkv(B, H, S, D, **kw)
+
+
+@pytest.mark.parametrize("mutate,exc,pattern", [
+    (lambda q, k, v: (q[0], k, v), ValueError, r"q: expected a 4-D tensor \[B, S, H, D\]"),
+    (lambda q, k, v: (q, k[..., :32], v[..., :32]), ValueError,
+     r"k: expected head_dim 64 like q, got 32"),
+    (lambda q, k, v: (q, k, v[..., :32]), ValueError, r"v: expected head_dim 64"),
+    (lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])), ValueError,
+     r"k: expected batch size 1 like q, got 2"),
+    (lambda q, k, v: (q, k, v[:, :20]), ValueError, r"v: expected the batch, sequence and head"),
+    (lambda q, k, v: (torch.cat([q, q[:, :, :1]], 2), k, v), ValueError,
+     r"k: expected a number of kv heads that divides q's 3 heads \(GQA\), got 2"),
+    (lambda q, k, v: (q.int(), k, v), TypeError,
+     r"q: expected a floating-point dtype .* got torch.int32"),
+    (lambda q, k, v: (q, k.bool(), v), TypeError, r"k: expected a floating-point dtype"),
+    (lambda q, k, v: (q, k.half(), v), TypeError, r"k: expected dtype torch.bfloat16 like q"),
+    (lambda q, k, v: (q, k, "v"), TypeError, r"v: expected a torch.Tensor, got str"),
+    (lambda q, k, v: (q, k, v.to("meta")), ValueError, r"v: expected device cpu like q"),
+])
+def test_bad_input_names_argument_expected_and_got(mutate, exc, pattern):
+    q, k, v = _qkv()
+    with pytest.raises(exc, match=pattern):
+        fp8dit.attention(*mutate(q, k, v))
+
+
+def test_bad_layout_and_scale():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"layout: expected 'NHD' or 'HND', got 'BSHD'"):
+        fp8dit.attention(q, k, v, layout="BSHD")
+    with pytest.raises(ValueError, match=r"scale: expected a finite positive float, got nan"):
+        fp8dit.attention(q, k, v, scale=float("nan"))
+    with pytest.raises(TypeError, match=r"scale: expected a float or None, got str"):
+        fp8dit.attention(q, k, v, scale="0.1")
+    with pytest.raises(ValueError, match=r"backend: expected one of auto, fp8, sdpa, got 'cuda'"):
+        fp8dit.attention(q, k, v, backend="cuda")
+    with pytest.raises(ValueError, match=r"recipe: expected one of"):
+        fp8dit.attention(q, k, v, recipe="per-tensor-please")
+
+
+def test_varlen_bad_cu_seqlens():
+    q = torch.randn(10, 2, 64).bfloat16()
+    ok = torch.tensor([0, 4, 10], dtype=torch.int32)
+    cases = [
+        (torch.tensor([0, 6, 4, 10], dtype=torch.int32), ok, "cu_seqlens_q: expected non-decreasing"),
+        (torch.tensor([0, 4, 9], dtype=torch.int32), ok, "cu_seqlens_q: expected the last offset"),
+        (torch.tensor([1, 4, 10], dtype=torch.int32), ok, "cu_seqlens_q: expected the first"),
+        (ok.float(), ok, "cu_seqlens_q: expected dtype int32 or int64"),
+        (ok, torch.tensor([0, 10], dtype=torch.int32), "cu_seqlens_k: expected 3 offsets"),
+    ]
+    for cq, ck, msg in cases:
+        with pytest.raises((ValueError, TypeError), match=msg):
+            fp8dit.attention_varlen(q, q, q, cq, ck, 10, 10)
+    with pytest.raises(ValueError, match=r"max_seqlen_q: expected at least the longest"):
+        fp8dit.attention_varlen(q, q, q, ok, ok, 3, 10)
+    with pytest.raises(ValueError, match=r"q: expected a 3-D tensor \[T, H, D\]"):
+        fp8dit.attention_varlen(q[None], q, q, ok, ok, 10, 10)
+
+
+def test_select_backend_and_fallback_reasons(monkeypatch, caplog):
+    q, k, v = _qkv()
+    name, why = fp8dit.select_backend(q, k, v)
+    assert name == "fp8" and "fp8dit" in why
+    # float32 inputs: auto falls back to SDPA and says why, once.
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    dispatch._logged.clear()
+    with caplog.at_level(logging.WARNING, logger="fp8dit"):
+        name, why = fp8dit.select_backend(qf, kf, vf)
+        fp8dit.attention(qf, kf, vf)
+        fp8dit.attention(qf, kf, vf)
+    assert name == "sdpa" and "torch.float32 is not supported" in why
+    assert sum("falling back to sdpa" in r.message for r in caplog.records) == 1
+    # Asked for by name, the FP8 path raises with the reason instead.
+    with pytest.raises(fp8dit.BackendUnavailableError, match="float32 is not supported"):
+        fp8dit.attention(qf, kf, vf, backend="fp8")
+
+
+def test_head_dim_over_256_falls_back():
+    q, k, v = _qkv(D=288, S=8)
+    name, why = fp8dit.select_backend(q, k, v)
+    assert name == "sdpa" and "head_dim 288 is over 256" in why
+    out = fp8dit.attention(q, k, v)
+    assert error_stats(out, attention_ref(q, k, v)).rel_l1 < 0.01
+
+
+def test_environment_switches(monkeypatch):
+    q, k, v = _qkv()
+    monkeypatch.setenv("FP8DIT_DISABLE", "1")
+    name, why = fp8dit.select_backend(q, k, v)
+    assert name == "sdpa" and "FP8DIT_DISABLE=1" in why
+    with pytest.raises(fp8dit.BackendUnavailableError, match="FP8DIT_DISABLE=1"):
+        fp8dit.attention(q, k, v, backend="fp8")
+    monkeypatch.delenv("FP8DIT_DISABLE")
+    monkeypatch.setenv("FP8DIT_BACKEND", "sdpa")
+    assert fp8dit.select_backend(q, k, v)[0] == "sdpa"
+    monkeypatch.setenv("FP8DIT_BACKEND", "nope")
+    with pytest.raises(ValueError, match="FP8DIT_BACKEND: expected one of"):
+        fp8dit.select_backend(q, k, v)
+
+
+def test_cpu_without_interpreter_falls_back(monkeypatch):
+    q, k, v = _qkv()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if q.device.type == "cpu":
+        name, why = fp8dit.select_backend(q, k, v)
+        assert name == "sdpa" and "TRITON_INTERPRET=1" in why
+
+
+def test_sdpa_backend_lse_matches_fp64():
+    q, k, v = _qkv(H=4, S=70)
+    k, v = k[:, :, :2].contiguous(), v[:, :, :2].contiguous()  # GQA 2:1
+    out, lse = fp8dit.attention(q, k, v, backend="sdpa", return_lse=True, is_causal=True)
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True, is_causal=True)
+    assert error_stats(out, ref).rel_l1 < 0.01
+    assert (lse.double() - ref_lse).abs().max() < 1e-3
+
+
+def test_requires_grad_falls_back():
+    q, k, v = _qkv()
+    q.requires_grad_(True)
+    assert fp8dit.select_backend(q, k, v)[0] == "sdpa"
+
+
+def test_compile_fullgraph_no_graph_break():
+    q, k, v = _qkv(S=130)
+
+    def f(q, k, v):
+        out, lse = fp8dit.attention(q, k, v, return_lse=True)
+        return out * 2, lse
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    out_c, lse_c = compiled(q, k, v)
+    out_e, lse_e = f(q, k, v)
+    assert torch.equal(out_c, out_e) and torch.equal(lse_c, lse_e)
+    explanation = torch._dynamo.explain(f)(q, k, v)
+    assert explanation.graph_break_count == 0
+
+
+def test_opcheck_custom_ops():
+    q, k, v = _qkv(S=70)
+    torch.library.opcheck(
+        torch.ops.fp8dit.attention_fp8.default, (q, k, v, "NHD", 0.125, False, "int8qk-fp8pv", 0)
+    )
+    qp = torch.randn(50, 2, 64).bfloat16()
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32)
+    torch.library.opcheck(
+        torch.ops.fp8dit.attention_varlen_fp8.default,
+        (qp, qp, qp, cu, cu, 0.125, True, "int8qk-fp8pv", 0),
+    )
