@@ -9,9 +9,11 @@ import fp8dit
 from fp8dit import dispatch
 from fp8dit.testing import attention_ref, error_stats, make_qkv
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _qkv(B=1, S=40, H=2, D=64, **kw):
-    return make_qkv(B, H, S, D, **kw)
+    return make_qkv(B, H, S, D, device=DEVICE, **kw)
 
 
 @pytest.mark.parametrize("mutate,exc,pattern", [
@@ -29,7 +31,7 @@ def _qkv(B=1, S=40, H=2, D=64, **kw):
     (lambda q, k, v: (q, k.bool(), v), TypeError, r"k: expected a floating-point dtype"),
     (lambda q, k, v: (q, k.half(), v), TypeError, r"k: expected dtype torch.bfloat16 like q"),
     (lambda q, k, v: (q, k, "v"), TypeError, r"v: expected a torch.Tensor, got str"),
-    (lambda q, k, v: (q, k, v.to("meta")), ValueError, r"v: expected device cpu like q"),
+    (lambda q, k, v: (q, k, v.to("meta")), ValueError, rf"v: expected device {DEVICE}.* like q"),
 ])
 def test_bad_input_names_argument_expected_and_got(mutate, exc, pattern):
     q, k, v = _qkv()
@@ -52,7 +54,7 @@ def test_bad_layout_and_scale():
 
 
 def test_varlen_bad_cu_seqlens():
-    q = torch.randn(10, 2, 64).bfloat16()
+    q = torch.randn(10, 2, 64, device=DEVICE).bfloat16()
     ok = torch.tensor([0, 4, 10], dtype=torch.int32)
     cases = [
         (torch.tensor([0, 6, 4, 10], dtype=torch.int32), ok, "cu_seqlens_q: expected non-decreasing"),
@@ -154,7 +156,7 @@ def test_opcheck_custom_ops():
     torch.library.opcheck(
         torch.ops.fp8dit.attention_fp8.default, (q, k, v, "NHD", 0.125, False, "int8qk-fp8pv", 0)
     )
-    qp = torch.randn(50, 2, 64).bfloat16()
+    qp = torch.randn(50, 2, 64, device=DEVICE).bfloat16()
     cu = torch.tensor([0, 20, 50], dtype=torch.int32)
     torch.library.opcheck(
         torch.ops.fp8dit.attention_varlen_fp8.default,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +34,10 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Benchmarks set entries here to sweep tile configurations (key: padded head dim).
+TILE_OVERRIDES: dict[int, dict] = {}
+
+
 def tile_config(head_dim_padded: int, device: torch.device) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here)."""
     if head_dim_padded >= 256:
@@ -41,6 +46,7 @@ def tile_config(head_dim_padded: int, device: torch.device) -> dict:
         cfg = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=1)
     else:
         cfg = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=2)
+    cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
     if device.type == "cuda":
         cfg["num_programs"] = _sm_count(device.index or 0) * cfg["programs_per_sm"]
     else:
@@ -72,12 +78,32 @@ def plan_for(
     return get_plan(key), cfg
 
 
-def launch_fp8_attention(
-    plan: Plan, cfg: dict, recipe: Recipe, scale: float,
-    q, q_strides, k, k_strides, v, v_strides,
-    out, out_strides, lse, lse_strides,
-) -> None:
-    """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
+@dataclass
+class Workspace:
+    """Quantized operands and partial buffers of one call, sized by the plan."""
+
+    q8: torch.Tensor  # [H, Tq_pad, Dp] int8 or fp8
+    q_scale: torch.Tensor  # [H, Tq_pad] fp32, softmax scale * log2(e) folded in
+    q_corr: torch.Tensor  # [H, Tq_pad] fp32, K-smoothing shift of the LSE
+    k8: torch.Tensor  # [Hkv, Tk_pad, Dp]
+    k_scale: torch.Tensor  # [Hkv, n_kblocks] fp32
+    v8t: torch.Tensor  # [Hkv, Dp, Tk_pad] fp8 (transposed)
+    v_scale: torch.Tensor  # [B, Hkv, Dp] fp32
+    v_mean: torch.Tensor  # [B, Hkv, Dp] fp32
+    part_o: torch.Tensor  # [n_partials, BLOCK_M, Dp] fp32
+    part_lse: torch.Tensor  # [n_partials, BLOCK_M] fp32
+    qk_int8: bool
+
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size() for t in vars(self).values()
+            if isinstance(t, torch.Tensor)
+        )
+
+
+def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
+                   q, q_strides, k, k_strides, v, v_strides) -> Workspace:
+    """Fused quantization of Q, K, V (three launches) into a plan-sized workspace."""
     key = plan.key
     dev = q.device
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
@@ -86,56 +112,77 @@ def launch_fp8_attention(
     qk_int8 = recipe.qk == "int8"
     tabs = plan.tables(dev)
     f32 = torch.float32
-
+    qk_dtype = torch.int8 if qk_int8 else FP8
+    ws = Workspace(
+        q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
+        q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
+        q_corr=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
+        k8=torch.empty(Hkv, plan.k_total_padded, Dp, device=dev, dtype=qk_dtype),
+        k_scale=torch.empty(Hkv, max(plan.n_kblocks, 1), device=dev, dtype=f32),
+        v8t=torch.empty(Hkv, Dp, plan.k_total_padded, device=dev, dtype=FP8),
+        v_scale=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
+        v_mean=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
+        part_o=torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32),
+        part_lse=torch.empty(max(plan.n_partials, 1), BM, device=dev, dtype=f32),
+        qk_int8=qk_int8,
+    )
     stats = torch.empty(B, Hkv, max(plan.n_chunks, 1), N_STATS, Dp, device=dev, dtype=f32)
-    qk_dtype = torch.int8 if recipe.qk == "int8" else FP8
-    q8 = torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype)
-    q_scale = torch.empty(H, plan.q_total_padded, device=dev, dtype=f32)
-    q_corr = torch.empty(H, plan.q_total_padded, device=dev, dtype=f32)
-    k8 = torch.empty(Hkv, plan.k_total_padded, Dp, device=dev, dtype=qk_dtype)
-    k_scale = torch.empty(Hkv, max(plan.n_kblocks, 1), device=dev, dtype=f32)
-    v8t = torch.empty(Hkv, Dp, plan.k_total_padded, device=dev, dtype=FP8)
-    v_scale = torch.empty(B, Hkv, Dp, device=dev, dtype=f32)
-    v_mean = torch.empty(B, Hkv, Dp, device=dev, dtype=f32)
-    part_o = torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32)
-    part_lse = torch.empty(max(plan.n_partials, 1), BM, device=dev, dtype=f32)
-
     if plan.n_chunks:
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             DP=Dp, CHUNK=STATS_CHUNK, SUB=64, num_warps=4,
         )
         quantize_kv_kernel[(plan.max_k_blocks, Hkv, B)](
-            k, v, stats, tabs["seq"], k8, k_scale, v8t, v_scale, v_mean,
-            *k_strides, *v_strides, plan.n_chunks, D, plan.k_total_padded, k_scale.shape[1],
+            k, v, stats, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean,
+            *k_strides, *v_strides, plan.n_chunks, D, plan.k_total_padded,
+            ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=BN, CHUNK=STATS_CHUNK,
             SMOOTH_K=recipe.smooth_k, CENTER_V=recipe.center_v, QK_INT8=qk_int8,
-            SOFT_FP8_CAST=soft,
-            num_warps=4,
+            SOFT_FP8_CAST=soft, num_warps=4,
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
-            q, stats, tabs["seq"], q8, q_scale, q_corr, *q_strides,
+            q, stats, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, *q_strides,
             plan.n_chunks, D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM, CHUNK=STATS_CHUNK, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, num_warps=4,
         )
+    return ws
+
+
+def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
+                    out, out_strides, lse, lse_strides) -> None:
+    """Persistent attention over the plan's work list, then the split-KV merge."""
+    key = plan.key
+    tabs = plan.tables(out.device)
+    H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
+    Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     if plan.n_work:
         attention_fwd_persistent_kernel[(plan.num_programs,)](
-            q8, q_scale, q_corr, k8, k_scale, v8t, v_scale, v_mean,
+            ws.q8, ws.q_scale, ws.q_corr, ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean,
             tabs["seq"], tabs["work"], tabs["work_indptr"],
-            out, *out_strides, lse, *lse_strides, part_o, part_lse,
-            D, plan.q_total_padded, plan.k_total_padded, k_scale.shape[1], H // Hkv, Hkv,
-            DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=qk_int8,
-            SOFT_FP8_CAST=soft,
+            out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
+            D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
+            DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
+            SOFT_FP8_CAST=env.triton_interpret(),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
-            part_o, part_lse, tabs["reduce"], tabs["seq"],
+            ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
             out, *out_strides, lse, *lse_strides, D,
             DP=Dp, BLOCK_M=BM, num_warps=8,
         )
+
+
+def launch_fp8_attention(
+    plan: Plan, cfg: dict, recipe: Recipe, scale: float,
+    q, q_strides, k, k_strides, v, v_strides,
+    out, out_strides, lse, lse_strides,
+) -> None:
+    """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
+    ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides)
+    attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides)
 
 
 def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:

@@ -175,7 +175,8 @@ def _dit_like(shape_q, shape_kv, gen, device, dtype):
     k = torch.randn(shape_kv, **f32)
     v = torch.randn(shape_kv, **f32)
     n_out = max(1, D // 32)
-    idx = torch.randperm(D, generator=gen, device="cpu")[:n_out].to(device)
+    pick = torch.Generator().manual_seed(int(gen.initial_seed()))  # randperm draws on the CPU
+    idx = torch.randperm(D, generator=pick)[:n_out].to(device)
     q[..., idx] *= 6.0
     k[..., idx] *= 6.0
     k_bias = 4.0 * torch.randn(shape_kv[-2:], **f32)  # per (head, channel), same for all tokens
