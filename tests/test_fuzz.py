@@ -1,0 +1,85 @@
+"""Hypothesis fuzzing of the FP8 path against fp64 (interpreter on CPU)."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fp8dit
+from fp8dit.testing import attention_ref, attention_varlen_ref, error_stats
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REL_L1_MAX = 0.07
+COS_MIN = 0.997
+
+FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(
+    B=st.integers(1, 2),
+    Sq=st.integers(1, 400),
+    Sk=st.integers(1, 400),
+    Hkv=st.integers(1, 3),
+    group=st.sampled_from([1, 2, 4]),
+    D=st.sampled_from([32, 64, 72, 80, 96, 128, 160]),
+    causal=st.booleans(),
+    splits=st.sampled_from([None, 1, 2, 3]),
+    layout=st.sampled_from(["NHD", "HND"]),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz_dense(B, Sq, Sk, Hkv, group, D, causal, splits, layout, seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    H = Hkv * group
+    shape_q = (B, Sq, H, D) if layout == "NHD" else (B, H, Sq, D)
+    shape_k = (B, Sk, Hkv, D) if layout == "NHD" else (B, Hkv, Sk, D)
+    q = torch.randn(shape_q, generator=g, device=DEVICE).bfloat16()
+    k = torch.randn(shape_k, generator=g, device=DEVICE).bfloat16()
+    v = torch.randn(shape_k, generator=g, device=DEVICE).bfloat16()
+    out, lse = fp8dit.attention(q, k, v, layout=layout, is_causal=causal, backend="fp8",
+                                return_lse=True, num_splits=splits)
+    ref, ref_lse = attention_ref(q, k, v, layout=layout, is_causal=causal, return_lse=True)
+    s = error_stats(out, ref)
+    assert not s.nan and torch.isfinite(out.float()).all()
+    assert s.rel_l1 <= REL_L1_MAX and s.cos >= COS_MIN, s
+    assert (lse.double() - ref_lse).abs().max() <= 0.05
+
+
+@FUZZ
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=4),
+    H=st.integers(1, 3),
+    D=st.sampled_from([64, 72, 128]),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz_varlen(lens, H, D, causal, seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q_lens = [a for a, _ in lens]
+    k_lens = [b for _, b in lens]
+    q = torch.randn(sum(q_lens), H, D, generator=g, device=DEVICE).bfloat16()
+    k = torch.randn(sum(k_lens), H, D, generator=g, device=DEVICE).bfloat16()
+    v = torch.randn(sum(k_lens), H, D, generator=g, device=DEVICE).bfloat16()
+    cu_q = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(k_lens).cumsum(0).tolist(), dtype=torch.int32)
+    out, lse = fp8dit.attention_varlen(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens),
+                                       is_causal=causal, backend="fp8", return_lse=True)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, is_causal=causal, return_lse=True)
+    assert torch.isfinite(out.float()).all()
+    if ref.numel():
+        s = error_stats(out, ref)
+        assert s.rel_l1 <= REL_L1_MAX or ref.abs().sum() == 0, s
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    if finite.any():
+        assert (lse.double()[finite] - ref_lse[finite]).abs().max() <= 0.05
+
+
+@pytest.mark.parametrize("D", [256, 200])
+def test_large_head_dims(D):
+    g = torch.Generator(device=DEVICE).manual_seed(D)
+    q, k, v = (torch.randn(1, 150, 2, D, generator=g, device=DEVICE).bfloat16() for _ in range(3))
+    out = fp8dit.attention(q, k, v, backend="fp8")
+    s = error_stats(out, attention_ref(q, k, v))
+    assert s.rel_l1 <= REL_L1_MAX and s.cos >= COS_MIN, s
