@@ -34,7 +34,7 @@ SEQ_FIELDS = 8
 
 # Scales never drop below this amax: keeps products of scales normal in fp32, so a masked
 # -inf score times its scale stays -inf instead of becoming NaN.
-AMAX_FLOOR = 1e-8
+AMAX_FLOOR = tl.constexpr(1e-8)
 
 # Channel statistics per chunk: [sum K, sum V, max V, min V].
 N_STATS = 4
