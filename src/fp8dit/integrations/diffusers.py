@@ -1,0 +1,422 @@
+"""diffusers adapter: an attention backend named ``"fp8dit"`` in diffusers' dispatcher.
+
+After :func:`register` (``enable`` calls it) each of diffusers' ways to pick a backend works::
+
+    fp8dit.enable(pipe)                              # pipe.transformer (+ transformer_2, Wan2.2)
+    pipe.transformer.set_attention_backend("fp8dit")
+    with attention_backend("fp8dit"): ...            # diffusers.models.attention_dispatch
+    DIFFUSERS_ATTN_BACKEND=fp8dit                    # see below
+
+``DIFFUSERS_ATTN_BACKEND=fp8dit`` needs ``import fp8dit.integrations.diffusers`` before anything
+imports ``diffusers.models``: diffusers turns the variable into an ``AttentionBackendName`` when
+its dispatcher module is imported, and before fp8dit registers, ``"fp8dit"`` is no member.
+
+Per call the backend runs :func:`fp8dit.attention` (``layout="NHD"``, ``backend="auto"``): the FP8
+kernels where they can run, torch SDPA otherwise, with the reason logged once by fp8dit's
+dispatcher. Cross-attention with short keys (Wan: 512 text tokens) stays FP8: the kernels take
+any key length, and the tiny-Wan test measures those layers too. An ``attn_mask`` or a non-zero
+``dropout_p`` goes to torch SDPA (reason logged once on logger ``"fp8dit"``). ``return_lse=True``
+also returns the log-sum-exp ``[B, S, H]`` float32, the layout diffusers' ring attention merges.
+Context parallelism (Ulysses, ring) is declared supported, forward only: its backward raises.
+
+diffusers (0.42) has no public way to add a backend, so :func:`register` adds a member to
+``AttentionBackendName`` and calls ``_AttentionBackendRegistry.register``. Everything private it
+relies on is listed by :func:`diffusers_internals_problems`; ``register`` raises with that list
+when diffusers changed, instead of failing inside a forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import logging
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from ..api import attention, select_backend
+
+BACKEND_NAME = "fp8dit"
+_MEMBER_NAME = "FP8DIT"
+_DISPATCH = "diffusers.models.attention_dispatch"
+# The parameter names diffusers passes to a backend and, with a context-parallel config, to the
+# forward op of its templated ring/Ulysses attention (checked against diffusers' own ops).
+_BACKEND_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                   "enable_gqa", "return_lse", "_parallel_config")
+_FORWARD_OP_PARAMS = ("ctx", "query", "key", "value", "attn_mask", "dropout_p", "is_causal",
+                      "scale", "enable_gqa", "return_lse", "_save_ctx", "_parallel_config")
+
+logger = logging.getLogger("fp8dit")
+_logged: set[str] = set()
+_records: list[dict] | None = None
+_previous_active = None  # diffusers' active backend before enable() first changed it
+_activate_after_register = False  # DIFFUSERS_ATTN_BACKEND=fp8dit was deferred by _dispatch()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        logger.warning(msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend
+# ---------------------------------------------------------------------------------------------
+
+
+def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    # Same mask handling as diffusers' "native" backend: [B, Sk] -> [B, 1, 1, Sk].
+    if (attn_mask is not None and attn_mask.ndim == 2
+            and attn_mask.shape[0] == query.shape[0] and attn_mask.shape[1] == key.shape[1]):
+        attn_mask = attn_mask[:, None, None, :]
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    gqa = {"enable_gqa": True} if (enable_gqa or q.shape[1] != k.shape[1]) else {}
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
+    )
+    return out.transpose(1, 2)
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+               return_lse):
+    fallback = None
+    if attn_mask is not None:
+        fallback = "attn_mask is set (the FP8 kernels take no mask)"
+    elif dropout_p:
+        fallback = f"dropout_p={dropout_p} (the FP8 kernels are inference-only)"
+    if fallback is not None:
+        if return_lse:
+            raise NotImplementedError(
+                f"fp8dit diffusers backend: return_lse=True is not supported when {fallback}"
+            )
+        _log_once(f"fp8dit diffusers backend: torch SDPA instead of FP8: {fallback}")
+        if _records is not None:
+            _records.append(dict(backend="sdpa", reason="fallback: " + fallback,
+                                 q=tuple(query.shape), k=tuple(key.shape)))
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if _records is not None:
+        name, why = select_backend(query, key, value, is_causal=is_causal, layout="NHD")
+        _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape)))
+    out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
+                    return_lse=return_lse)
+    if return_lse:
+        out, lse = out
+        return out, lse.transpose(1, 2).contiguous()  # fp8dit [B, H, S] -> diffusers [B, S, H]
+    return out
+
+
+def fp8dit_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _parallel_config=None,
+):
+    """The function diffusers' dispatcher calls for backend ``"fp8dit"``.
+
+    Parameters
+    ----------
+    query : Tensor ``[B, Sq, H, D]``; key, value : Tensor ``[B, Sk, Hkv, D]`` (diffusers' layout)
+    attn_mask, dropout_p : with a mask or non-zero dropout the call runs torch SDPA.
+    return_lse : bool
+        Also return the log-sum-exp ``[B, Sq, H]`` float32 (natural log).
+
+    Returns
+    -------
+    out ``[B, Sq, H, D]`` in query's dtype, or ``(out, lse)``.
+
+    Example
+    -------
+    >>> with attention_backend("fp8dit"):
+    ...     out = dispatch_attention_fn(q, k, v)
+    """
+    if _parallel_config is not None:
+        dispatch = sys.modules[_DISPATCH]
+        return dispatch._templated_context_parallel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+            forward_op=_cp_forward_op, backward_op=_cp_backward_op,
+            _parallel_config=_parallel_config,
+        )
+    return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                      return_lse)
+
+
+def _cp_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                   scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+                   _parallel_config=None):
+    # Forward only, so nothing is saved on ctx for a backward.
+    return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                      return_lse)
+
+
+def _cp_backward_op(ctx, grad_out, *args, **kwargs):
+    raise NotImplementedError(
+        "fp8dit's diffusers backend is forward-only (inference); for training under context "
+        "parallelism use a backend with a backward, e.g. 'flash' or '_native_cudnn'"
+    )
+
+
+@contextlib.contextmanager
+def record_calls():
+    """Collect one dict per call of the backend: ``backend`` ("fp8" or "sdpa"), ``reason``,
+    ``q`` and ``k`` shapes. For inspection (``fp8dit demo``); it adds a dispatch check per call.
+
+    Example
+    -------
+    >>> with record_calls() as calls:
+    ...     model(**inputs)
+    """
+    global _records
+    previous, _records = _records, []
+    try:
+        yield _records
+    finally:
+        _records = previous
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration in diffusers' dispatcher
+# ---------------------------------------------------------------------------------------------
+
+
+def _dispatch():
+    """diffusers' dispatcher module, imported so that DIFFUSERS_ATTN_BACKEND=fp8dit works."""
+    global _activate_after_register
+    module = sys.modules.get(_DISPATCH)
+    if module is not None:
+        return module
+    import diffusers.utils.constants as constants
+
+    wanted = getattr(constants, "DIFFUSERS_ATTN_BACKEND", None)
+    if wanted != BACKEND_NAME:
+        import diffusers.models.attention_dispatch as module
+
+        return module
+    # The dispatcher turns the variable into an enum member at import, before fp8dit's member
+    # exists: import it with "native" and make fp8dit active once registered.
+    constants.DIFFUSERS_ATTN_BACKEND = "native"
+    try:
+        import diffusers.models.attention_dispatch as module
+    finally:
+        constants.DIFFUSERS_ATTN_BACKEND = wanted
+    _activate_after_register = True
+    return module
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def diffusers_internals_problems(dispatch=None) -> list[str]:
+    """What this adapter needs from diffusers' private dispatcher and did not find (empty: fits)."""
+    dispatch = dispatch or _dispatch()
+    problems = []
+    names = getattr(dispatch, "AttentionBackendName", None)
+    if not (isinstance(names, enum.EnumMeta) and issubclass(names, str)):
+        problems.append("AttentionBackendName is no longer a str Enum")
+    else:
+        for attr, kind in (("_member_map_", dict), ("_value2member_map_", dict),
+                           ("_member_names_", list)):
+            if not isinstance(getattr(names, attr, None), kind):
+                problems.append(f"AttentionBackendName.{attr} is not a {kind.__name__}")
+    registry = getattr(dispatch, "_AttentionBackendRegistry", None)
+    if registry is None:
+        problems.append("_AttentionBackendRegistry is gone")
+    else:
+        for attr in ("_backends", "_supported_arg_names", "_supports_context_parallel",
+                     "_active_backend", "set_active_backend", "get_active_backend"):
+            if not hasattr(registry, attr):
+                problems.append(f"_AttentionBackendRegistry.{attr} is gone")
+        register = getattr(registry, "register", None)
+        need = {"backend", "constraints", "supports_context_parallel"}
+        if register is None or not need <= set(_params(register)):
+            problems.append(f"_AttentionBackendRegistry.register no longer takes {sorted(need)}")
+    fn = getattr(dispatch, "dispatch_attention_fn", None)
+    if fn is None:
+        problems.append("dispatch_attention_fn is gone")
+    else:
+        # The dispatcher silently drops arguments a backend does not name: a renamed one (say
+        # attn_mask) would be lost without an error.
+        passed = [p for p in _params(fn)[:8] if p not in _BACKEND_PARAMS]
+        if passed:
+            problems.append(f"dispatch_attention_fn passes arguments fp8dit lacks: {passed}")
+    templated = getattr(dispatch, "_templated_context_parallel_attention", None)
+    need = {"forward_op", "backward_op", "return_lse", "_parallel_config"}
+    if templated is None or not need <= set(_params(templated)):
+        problems.append(f"_templated_context_parallel_attention no longer takes {sorted(need)}")
+    native_op = getattr(dispatch, "_native_attention_forward_op", None)
+    if native_op is None or tuple(_params(native_op)) != _FORWARD_OP_PARAMS:
+        got = None if native_op is None else _params(native_op)
+        problems.append(
+            f"context-parallel forward ops changed: expected parameters {list(_FORWARD_OP_PARAMS)}"
+            f" like _native_attention_forward_op, got {got}"
+        )
+    return problems
+
+
+def _add_backend_name(names):
+    """Add FP8DIT = "fp8dit" to the AttentionBackendName enum (idempotent)."""
+    member = names._value2member_map_.get(BACKEND_NAME)
+    if member is not None:
+        return member
+    member = str.__new__(names, BACKEND_NAME)
+    member._name_ = _MEMBER_NAME
+    member._value_ = BACKEND_NAME
+    member.__objclass__ = names
+    names._member_names_.append(_MEMBER_NAME)
+    names._member_map_[_MEMBER_NAME] = member
+    names._value2member_map_[BACKEND_NAME] = member
+    type.__setattr__(names, _MEMBER_NAME, member)  # EnumType.__setattr__ guards members
+    return member
+
+
+def register():
+    """Register backend ``"fp8dit"`` in diffusers' dispatcher (idempotent); returns its name member.
+
+    Raises
+    ------
+    RuntimeError
+        diffusers' private dispatcher changed in a way this adapter does not fit.
+    """
+    global _activate_after_register
+    dispatch = _dispatch()
+    problems = diffusers_internals_problems(dispatch)
+    if problems:
+        import diffusers
+
+        raise RuntimeError(
+            f"fp8dit's diffusers adapter does not fit diffusers {diffusers.__version__} "
+            f"(written against 0.42): " + "; ".join(problems)
+            + ". Install diffusers<0.43 or update fp8dit/integrations/diffusers.py."
+        )
+    member = _add_backend_name(dispatch.AttentionBackendName)
+    registry = dispatch._AttentionBackendRegistry
+    if registry._backends.get(member) is not fp8dit_attention:
+        registry.register(member, constraints=[], supports_context_parallel=True)(fp8dit_attention)
+    if _activate_after_register:
+        registry.set_active_backend(member)
+        _activate_after_register = False
+    return member
+
+
+# ---------------------------------------------------------------------------------------------
+# enable / disable on pipelines and models
+# ---------------------------------------------------------------------------------------------
+
+
+def _models(pipe_or_model) -> list[tuple[str, object]]:
+    if hasattr(pipe_or_model, "set_attention_backend") and hasattr(pipe_or_model, "modules"):
+        return [("", pipe_or_model)]
+    found = [(name, getattr(pipe_or_model, name, None)) for name in ("transformer", "transformer_2")
+             if getattr(pipe_or_model, name, None) is not None]
+    if not found:
+        raise TypeError(
+            "pipe_or_model: expected a diffusers model (with set_attention_backend) or a pipeline "
+            f"with .transformer (and optionally .transformer_2), got {type(pipe_or_model).__name__}"
+        )
+    return found
+
+
+def _attention_processors(model):
+    for name, module in model.named_modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_attention_backend"):
+            yield name, processor
+
+
+def enable(pipe_or_model, policy=None):
+    """Route a diffusers pipeline's transformer(s), or a diffusers model, through fp8dit.
+
+    Parameters
+    ----------
+    pipe_or_model : DiffusionPipeline or ModelMixin
+        A pipeline: its ``transformer`` and, when present, ``transformer_2`` (Wan2.2's low-noise
+        expert). A model: the model itself. Calls diffusers' ``set_attention_backend("fp8dit")``,
+        which also makes ``"fp8dit"`` diffusers' active backend (:func:`disable` undoes both).
+    policy : object, optional
+        Per-layer choice, asked once per attention layer here (there is no per-step hook yet):
+        ``policy.backend_for(layer_name) -> str`` returns a diffusers backend name for the layer
+        (``"fp8dit"``, ``"native"``, ...); ``layer_name`` is the module path, prefixed with the
+        pipeline attribute for a pipeline (``"transformer.blocks.0.attn1"``). ``None``: all layers
+        use fp8dit.
+
+    Returns
+    -------
+    pipe_or_model, for chaining.
+
+    Example
+    -------
+    >>> pipe = fp8dit.enable(WanPipeline.from_pretrained(...).to("cuda"))
+    """
+    global _previous_active
+    if policy is not None and not callable(getattr(policy, "backend_for", None)):
+        raise TypeError(
+            "policy: expected None or an object with a backend_for(layer_name) method, "
+            f"got {type(policy).__name__}"
+        )
+    models = _models(pipe_or_model)
+    member = register()
+    dispatch = sys.modules[_DISPATCH]
+    names = dispatch.AttentionBackendName
+    active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
+    if _previous_active is None and active != member:
+        _previous_active = active
+    for prefix, model in models:
+        model.set_attention_backend(BACKEND_NAME)
+        if policy is None:
+            continue
+        for name, processor in _attention_processors(model):
+            layer = ".".join(p for p in (prefix, name) if p)
+            choice = policy.backend_for(layer)
+            if choice not in names._value2member_map_ or choice not in \
+                    dispatch._AttentionBackendRegistry._backends:
+                raise ValueError(
+                    f"policy.backend_for({layer!r}): expected a registered diffusers backend "
+                    f"name (e.g. 'fp8dit', 'native'), got {choice!r}"
+                )
+            processor._attention_backend = names(choice)
+    return pipe_or_model
+
+
+def disable(pipe_or_model):
+    """Undo :func:`enable`: layers back to diffusers' active backend, which is restored too.
+
+    diffusers' own ``reset_attention_backend`` leaves ``"fp8dit"`` active globally (its
+    ``set_attention_backend`` sets both), so the layers would still run fp8dit.
+    """
+    global _previous_active
+    models = _models(pipe_or_model)
+    dispatch = _dispatch()
+    for _, model in models:
+        model.reset_attention_backend()
+    registry = dispatch._AttentionBackendRegistry
+    if registry.get_active_backend()[0] == BACKEND_NAME:
+        registry.set_active_backend(_previous_active or dispatch.AttentionBackendName.NATIVE)
+    _previous_active = None
+    return pipe_or_model
+
+
+def layer_backends(pipe_or_model) -> dict[str, str]:
+    """The diffusers backend each attention layer dispatches to now, by layer name."""
+    dispatch = _dispatch()
+    active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
+    out = {}
+    for prefix, model in _models(pipe_or_model):
+        for name, processor in _attention_processors(model):
+            backend = processor._attention_backend or active
+            out[".".join(p for p in (prefix, name) if p)] = getattr(backend, "value", backend)
+    return out
+
+
+# DIFFUSERS_ATTN_BACKEND is diffusers' variable (fp8dit.env owns only FP8DIT_*): registering at
+# import is what lets it name "fp8dit" (see the module docstring).
+if os.environ.get("DIFFUSERS_ATTN_BACKEND") == BACKEND_NAME:
+    register()

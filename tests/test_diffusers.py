@@ -1,0 +1,302 @@
+"""The diffusers backend "fp8dit": registration, guard on diffusers internals, tiny Wan, LSE."""
+
+# TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
+
+import logging
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+import diffusers.models.attention_dispatch as ad  # noqa: E402
+from diffusers import WanTransformer3DModel  # noqa: E402
+
+import fp8dit  # noqa: E402
+from fp8dit.integrations import diffusers as fd  # noqa: E402
+from fp8dit.testing import attention_ref, error_stats  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=4,
+            out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2,
+            rope_max_seq_len=64)
+
+
+@pytest.fixture(autouse=True)
+def _restore_diffusers_state():
+    fd.register()
+    active = ad._AttentionBackendRegistry._active_backend
+    yield
+    ad._AttentionBackendRegistry.set_active_backend(active)
+
+
+@pytest.fixture(scope="module")
+def tiny_wan():
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(**TINY).to(DEVICE).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    inputs = dict(
+        # 2 x 16 x 16 latent -> 128 tokens; 24 text tokens (cross-attention with short keys)
+        hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),
+        timestep=torch.tensor([700.0], device=DEVICE),
+        encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
+    )
+    return model, inputs
+
+
+def _layer_outputs(model, inputs):
+    """Output of every attention layer (after its projections), by layer name."""
+    outs = {}
+    hooks = [m.register_forward_hook(lambda mod, a, o, n=n: outs.__setitem__(n, o.detach()))
+             for n, m in model.named_modules()
+             if hasattr(getattr(m, "processor", None), "_attention_backend")]
+    try:
+        with torch.no_grad():
+            final = model(**inputs, return_dict=False)[0]
+    finally:
+        for h in hooks:
+            h.remove()
+    return final, outs
+
+
+# ---------------------------------------------------------------------------------------------
+# Guard on diffusers internals
+# ---------------------------------------------------------------------------------------------
+
+
+def test_guard_diffusers_internals_fit():
+    problems = fd.diffusers_internals_problems()
+    assert problems == [], (
+        "fp8dit's diffusers adapter relies on private diffusers internals that changed: "
+        + "; ".join(problems)
+    )
+
+
+def test_guard_fails_loudly_when_internals_change(monkeypatch):
+    monkeypatch.delattr(ad, "_templated_context_parallel_attention")
+
+    def changed_op(ctx, q, k, v, mask=None):
+        pass
+
+    monkeypatch.setattr(ad, "_native_attention_forward_op", changed_op)
+    problems = fd.diffusers_internals_problems()
+    assert any("_templated_context_parallel_attention" in p for p in problems)
+    assert any("_native_attention_forward_op" in p for p in problems)
+    with pytest.raises(RuntimeError, match="does not fit diffusers .*_templated_context_parallel"):
+        fd.register()
+
+
+def test_backend_is_registered_once():
+    member = fd.register()
+    again = fd.register()
+    names = ad.AttentionBackendName
+    assert again is member and names("fp8dit") is member and names.FP8DIT is member
+    assert "fp8dit" in {m.value for m in names.__members__.values()}
+    assert names._member_names_.count("FP8DIT") == 1
+    assert ad._AttentionBackendRegistry._backends[member] is fd.fp8dit_attention
+    assert ad._AttentionBackendRegistry._is_context_parallel_available(member)
+    assert {"return_lse", "_parallel_config", "attn_mask"} <= (
+        ad._AttentionBackendRegistry._supported_arg_names[member])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny Wan
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tiny_wan_matches_native(tiny_wan):
+    model, inputs = tiny_wan
+    fd.disable(model)
+    ref_final, ref_layers = _layer_outputs(model, inputs)
+    fp8dit.enable(model)
+    with fd.record_calls() as calls:
+        final, layers = _layer_outputs(model, inputs)
+    fd.disable(model)
+    # Every call ran the FP8 kernels, the 24-key cross-attention too (no silent SDPA fallback).
+    assert [c["backend"] for c in calls] == ["fp8"] * 4, calls
+    assert sorted(c["k"][1] for c in calls) == [24, 24, 128, 128]
+    for name, ref in ref_layers.items():
+        stats = error_stats(layers[name], ref)
+        assert not stats.nan and stats.cos >= 0.99, (name, str(stats))
+    stats = error_stats(final, ref_final)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)
+
+
+def test_set_and_unset_backend(tiny_wan):
+    model, inputs = tiny_wan
+    registry = ad._AttentionBackendRegistry
+    assert registry.get_active_backend()[0] == "native"
+
+    def ran():
+        with fd.record_calls() as calls, torch.no_grad():
+            model(**inputs, return_dict=False)
+        return len(calls)
+
+    model.set_attention_backend("fp8dit")
+    assert set(fd.layer_backends(model).values()) == {"fp8dit"}
+    assert ran() == 4
+    fd.disable(model)
+    assert set(fd.layer_backends(model).values()) == {"native"}
+    assert registry.get_active_backend()[0] == "native"
+    assert ran() == 0
+
+    with ad.attention_backend("fp8dit"):
+        assert ran() == 4
+    assert ran() == 0
+
+    # A Wan2.2-like pipeline: both experts.
+    pipe = types.SimpleNamespace(transformer=model, transformer_2=model, vae=None)
+    assert fd.enable(pipe) is pipe
+    assert set(fd.layer_backends(pipe).values()) == {"fp8dit"}
+    assert len(fd.layer_backends(pipe)) == 8
+    fd.disable(pipe)
+    assert set(fd.layer_backends(pipe).values()) == {"native"}
+
+
+def test_enable_policy_and_bad_input(tiny_wan):
+    model, _ = tiny_wan
+
+    class CrossInBf16:
+        def backend_for(self, layer_name):
+            return "native" if layer_name.endswith("attn2") else "fp8dit"
+
+    fd.enable(model, policy=CrossInBf16())
+    try:
+        assert fd.layer_backends(model) == {
+            "blocks.0.attn1": "fp8dit", "blocks.0.attn2": "native",
+            "blocks.1.attn1": "fp8dit", "blocks.1.attn2": "native",
+        }
+    finally:
+        fd.disable(model)
+
+    class Typo:
+        def backend_for(self, layer_name):
+            return "fp8"
+
+    with pytest.raises(ValueError, match=r"policy.backend_for\('blocks.0.attn1'\).*got 'fp8'"):
+        fd.enable(model, policy=Typo())
+    fd.disable(model)
+    with pytest.raises(TypeError, match="policy: expected None or an object with a backend_for"):
+        fd.enable(model, policy="fp8dit")
+    with pytest.raises(TypeError, match="pipe_or_model: expected a diffusers model .* got int"):
+        fd.enable(3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend calls: mask fallback, LSE, ring attention
+# ---------------------------------------------------------------------------------------------
+
+
+def _qkv(B, Sq, Sk, H, D, seed=0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(B, Sq, H, D, generator=g, device=DEVICE).bfloat16()
+    k = torch.randn(B, Sk, H, D, generator=g, device=DEVICE).bfloat16()
+    v = torch.randn(B, Sk, H, D, generator=g, device=DEVICE).bfloat16()
+    return q, k, v
+
+
+def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
+    monkeypatch.setattr(fd, "_logged", set())
+    q, k, v = _qkv(2, 64, 48, 2, 64)
+    mask = torch.zeros(2, 48, dtype=torch.bool, device=DEVICE)
+    mask[:, :20] = True  # keys 20.. are padding
+    with caplog.at_level(logging.WARNING, logger="fp8dit"), fd.record_calls() as calls:
+        for _ in range(3):
+            out = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend="fp8dit")
+    logged = [r for r in caplog.records if r.name == "fp8dit" and "attn_mask" in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+    assert [c["backend"] for c in calls] == ["sdpa"] * 3
+    assert "attn_mask" in calls[0]["reason"]
+    ref = attention_ref(q, k[:, :20], v[:, :20])
+    assert error_stats(out, ref).cos > 0.9999
+    with pytest.raises(NotImplementedError, match="return_lse=True is not supported when attn"):
+        ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend="fp8dit",
+                                 attention_kwargs={"return_lse": True})
+
+
+@pytest.mark.parametrize("Sq,Sk", [(113, 113), (96, 40)])  # odd self-attention; short keys
+def test_lse_against_fp64(Sq, Sk):
+    q, k, v = _qkv(2, Sq, Sk, 3, 64, seed=Sq)
+    with fd.record_calls() as calls:
+        out, lse = ad.dispatch_attention_fn(q, k, v, backend="fp8dit",
+                                            attention_kwargs={"return_lse": True})
+    assert calls[0]["backend"] == "fp8"
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, Sq, 3) and lse.dtype == torch.float32  # diffusers' [B, S, H]
+    assert error_stats(out, ref).cos >= 0.999
+    err = (lse.double() - ref_lse.transpose(1, 2)).abs().max().item()
+    assert err < 0.03, err
+
+
+def test_ring_attention_merges_fp8dit_partials(monkeypatch):
+    """diffusers' own TemplatedRingAttention, 2 ranks faked on one process, fp8dit per chunk."""
+    q, k, v = _qkv(1, 80, 96, 2, 64, seed=5)
+    k0, k1, v0, v1 = k[:, :48], k[:, 48:], v[:, :48], v[:, 48:]
+    remote = torch.cat([k1.flatten(), v1.flatten()])
+
+    def all_gather_tensor(buffer, gather_dim, group):  # this rank's kv, then the other rank's
+        return torch.cat([buffer, remote])
+
+    monkeypatch.setattr(ad, "funcol", types.SimpleNamespace(all_gather_tensor=all_gather_tensor))
+    cp = types.SimpleNamespace(
+        ring_degree=2, ulysses_degree=1, ring_anything=False, convert_to_fp32=True,
+        _ring_local_rank=0, _ring_mesh=types.SimpleNamespace(get_group=lambda: None),
+    )
+    config = types.SimpleNamespace(context_parallel_config=cp)
+    with fd.record_calls() as calls:
+        out, lse = fd.fp8dit_attention(q, k0, v0, return_lse=True, _parallel_config=config)
+    assert [c["k"][1] for c in calls] == [48, 48] and {c["backend"] for c in calls} == {"fp8"}
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True)
+    assert error_stats(out, ref).cos >= 0.999
+    assert (lse.double() - ref_lse.transpose(1, 2)).abs().max().item() < 0.03
+
+
+def test_context_parallel_backward_is_refused():
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        fd._cp_backward_op(None, torch.zeros(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# DIFFUSERS_ATTN_BACKEND=fp8dit in a fresh process
+# ---------------------------------------------------------------------------------------------
+
+
+def test_env_var_selects_fp8dit():
+    code = (
+        "import torch, fp8dit.integrations.diffusers as fd\n"
+        "from diffusers.models.attention_dispatch import dispatch_attention_fn, "
+        "_AttentionBackendRegistry as R\n"
+        "q = torch.randn(1, 64, 2, 64).bfloat16()\n"
+        "with fd.record_calls() as calls:\n"
+        "    dispatch_attention_fn(q, q, q)\n"
+        "print(R.get_active_backend()[0].value, calls[0]['backend'])\n"
+    )
+    env = dict(os.environ, DIFFUSERS_ATTN_BACKEND="fp8dit", TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["fp8dit", "fp8"], res.stdout
+
+
+def test_no_graph_break_under_dynamo():
+    q, k, v = _qkv(1, 96, 40, 2, 64, seed=7)
+
+    def f(q, k, v):
+        out, lse = ad.dispatch_attention_fn(q, k, v, backend="fp8dit",
+                                            attention_kwargs={"return_lse": True})
+        return out * 2, lse
+
+    torch._dynamo.reset()
+    try:
+        explanation = torch._dynamo.explain(f)(q, k, v)
+    finally:
+        torch._dynamo.reset()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert "fp8dit.attention_fp8" in explanation.graphs[0].code  # the custom op, not SDPA
