@@ -1,0 +1,134 @@
+"""``fp8dit demo`` (in process and from a fresh process) and the Wan forward benchmark's exit."""
+
+# TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
+
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+import fp8dit.cli  # noqa: E402
+from fp8dit import demo  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_CUDA = torch.cuda.is_available()
+TINY_RUN = ["--layers", "1", "--steps", "2"]
+
+
+def _png(path: Path) -> tuple[int, int, bytes]:
+    """(width, height, raw scanlines) of a PNG; asserts the signature and the chunk CRCs."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        (crc,) = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    return size[0], size[1], zlib.decompress(idat) if idat else b""
+
+
+def _check_output(text: str) -> None:
+    assert "attention layers, fp8dit run" in text
+    layers = re.findall(r"^\s+(blocks\.\d+\.attn\d)\s+(self|cross).*-> (\w+)", text, re.M)
+    assert layers == [("blocks.0.attn1", "self", "fp8"), ("blocks.0.attn2", "cross", "fp8")], text
+    assert len(re.findall(r"^\s+(native|fp8dit)\s+step\s+\d+/2 \[", text, re.M)) == 4
+    m = re.search(r"final latents, fp8dit vs native: cos ([\d.]+), PSNR ([\d.]+) dB", text)
+    assert m, text
+    assert float(m.group(1)) >= 0.99 and float(m.group(2)) > 20
+
+
+def _need_cli_modules():
+    # fp8dit.cli builds every subcommand's parser, so it needs all their modules.
+    import importlib.util
+
+    missing = [m for m, _ in fp8dit.cli.SUBCOMMANDS.values() if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"fp8dit.cli needs {missing}, not written yet")
+
+
+def test_demo_through_cli(tmp_path, capsys):
+    _need_cli_modules()
+    png = tmp_path / "demo.png"
+    assert fp8dit.cli.main(["demo", *TINY_RUN, "--out", str(png)]) == 0
+    text = capsys.readouterr().out
+    _check_output(text)
+    if _has_matplotlib():
+        assert f"per-step error plot: {png} (matplotlib)" in text
+    width, height, _ = _png(png)
+    assert width > 100 and height > 100
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_demo_plain_png_without_matplotlib(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "plain.png"
+    assert demo.main([*TINY_RUN, "--out", str(png), "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    _check_output(text)
+    assert "matplotlib is not installed" in text and f"{png} (plain PNG)" in text
+    width, height, raw = _png(png)
+    assert (width, height) == (640, 360) and len(raw) == height * (1 + 3 * width)
+    for rgb in demo._COLORS:  # both series drew bars
+        assert bytes(rgb) in raw
+
+
+def test_plot_with_matplotlib(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "mpl.png"
+    assert demo.write_plot(str(png), [1e-4, 2e-4, 4e-4], [1e-3, 1e-3, 2e-3]) == "matplotlib"
+    assert _png(png)[0] > 100
+
+
+def test_demo_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--steps", "0"])
+    assert "argument --steps: expected an integer of at least 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        demo.main(["--shift", "-1"])
+    assert "argument --shift: expected a positive number, got '-1'" in capsys.readouterr().err
+    assert demo.main(["--device", "tpu"]) == 2
+    assert "--device: expected cuda, cuda:N or cpu, got 'tpu'" in capsys.readouterr().out
+
+
+def test_demo_fresh_process_sets_interpreter(tmp_path):
+    """`fp8dit demo` from a new process: no TRITON_INTERPRET in the environment."""
+    _need_cli_modules()
+    png = tmp_path / "fresh.png"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "fp8dit", "demo", *TINY_RUN, "--out", str(png)],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    if not HAS_CUDA:
+        assert "re-running under TRITON_INTERPRET=1" in res.stdout
+    _check_output(res.stdout)
+    assert png.exists()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message on a machine without CUDA")
+def test_bench_wan_forward_exits_without_cuda():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_wan_forward.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert res.stdout.strip() == (
+        "bench_wan_forward: needs a CUDA GPU; torch sees none (nothing measured)")
