@@ -1,0 +1,249 @@
+"""End-to-end Wan2.2-A14B transformer forward: torch SDPA (cuDNN forced) vs fp8dit, bf16.
+
+diffusers' ``WanTransformer3DModel`` at the A14B width (40 heads x 128, ffn 13824, text 4096)
+with ``--layers`` blocks and seeded random weights, on 720p 81-frame latents (16x21x90x160 ->
+75,600 tokens) or 480p. The baseline is diffusers' ``native`` backend (it calls
+``F.scaled_dot_product_attention`` on permuted [B, H, S, D] views) inside
+``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``; fp8dit is ``fp8dit.enable(model)``. Each row:
+median and min of ``--repeats`` CUDA-event-timed forwards after ``--warmup`` untimed ones (one
+forward is far longer than any cache, so inputs are not rotated), peak memory, and the output's
+cosine and rel-L1 against the eager bf16 SDPA forward.
+
+``--compile`` adds torch.compile'd rows (both backends) and counts fp8dit's graph breaks with
+``torch._dynamo.explain``; ``--cuda-graph`` captures each forward after warm-up and replays it.
+Rows are appended to ``benchmarks/results/<gpu>-wan-forward.json``; a table is printed last.
+
+    python benchmarks/bench_wan_forward.py --layers 2 --repeats 5 --compile --cuda-graph
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SDPA_BACKENDS = ("cudnn", "flash", "efficient")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolution", choices=("720p", "480p"), default="720p")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks (A14B has 40)")
+    p.add_argument("--repeats", type=int, default=5, help="timed forwards per row")
+    p.add_argument("--warmup", type=int, default=2, help="untimed forwards before timing")
+    p.add_argument("--sdpa", choices=SDPA_BACKENDS, default="cudnn",
+                   help="SDPA kernel forced for the baseline (default cudnn)")
+    p.add_argument("--compile", action="store_true", help="also torch.compile both backends")
+    p.add_argument("--cuda-graph", action="store_true", help="also capture and replay")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON file (default results/<gpu>-wan-forward.json)")
+    args = p.parse_args(argv)
+    for name in ("layers", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}: expected an integer of at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup: expected an integer of at least 0, got {args.warmup}")
+    return args
+
+
+def sdpa_context(name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernel = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+    return sdpa_kernel(kernel)
+
+
+def time_ms(fn, warmup: int, repeats: int) -> tuple[float, float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), min(times)
+
+
+def capture(fn):
+    """A CUDA graph of ``fn`` (after two warm-up calls on a side stream) and its output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def graph_breaks(model, inputs) -> tuple[int, list[str]]:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(**inputs, return_dict=False)
+    reasons = [str(getattr(r, "reason", r)).splitlines()[0] for r in explanation.break_reasons]
+    torch._dynamo.reset()
+    return explanation.graph_break_count, reasons
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_wan_forward: needs a CUDA GPU; torch sees none (nothing measured)")
+        return 2
+    import diffusers
+    import triton
+
+    import fp8dit
+    from fp8dit.demo import PRESETS, build_model
+    from fp8dit.integrations import diffusers as fd
+    from fp8dit.testing import error_stats
+
+    device = torch.device("cuda")
+    preset = PRESETS[f"wan2.2-a14b-{args.resolution}"]
+    cfg = preset["config"]
+    frames, height, width = preset["latent"]
+    tokens = frames * (height // 2) * (width // 2)
+    gpu = torch.cuda.get_device_name(device)
+    print(f"{gpu}: Wan2.2-A14B transformer, {args.layers} blocks, {args.resolution} "
+          f"({tokens} tokens), bf16; torch {torch.__version__}, triton {triton.__version__}, "
+          f"diffusers {diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
+
+    model = build_model(preset, args.layers, args.seed, device)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    inputs = dict(
+        hidden_states=torch.randn((1, cfg["in_channels"], frames, height, width),
+                                  generator=gen, device=device).to(torch.bfloat16),
+        timestep=torch.full((1,), 500.0, device=device),
+        encoder_hidden_states=torch.randn((1, preset["text_len"], cfg["text_dim"]),
+                                          generator=gen, device=device).to(torch.bfloat16),
+    )
+    fd.register()
+    baseline = f"sdpa-{args.sdpa}"
+
+    def set_backend(name):
+        if name == "fp8dit":
+            fd.enable(model)
+        else:
+            fd.disable(model)
+
+    def forward(fn, name):
+        def call():
+            if name == "fp8dit":
+                return fn(**inputs, return_dict=False)[0]
+            with sdpa_context(args.sdpa):
+                return fn(**inputs, return_dict=False)[0]
+        return call
+
+    modes = ["eager"] + (["compile"] if args.compile else []) + (
+        ["cuda-graph"] if args.cuda_graph else [])
+    rows, ref, graph = [], None, None
+    common = dict(
+        gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
+        heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
+        repeats=args.repeats, warmup=args.warmup,
+    )
+    with torch.no_grad():
+        for mode in modes:
+            for name in (baseline, "fp8dit"):
+                set_backend(name)
+                row = dict(common, mode=mode, backend=name)
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+                t0 = time.perf_counter()
+                try:
+                    if mode == "compile":
+                        if name == "fp8dit":
+                            row["graph_breaks"], row["break_reasons"] = graph_breaks(model, inputs)
+                        torch._dynamo.reset()
+                        call = forward(torch.compile(model), name)
+                        out = call()  # compiles
+                    elif mode == "cuda-graph":
+                        graph, out = capture(forward(model, name))
+                        graph.replay()
+                        call = graph.replay
+                    else:
+                        call = forward(model, name)
+                        out = call()
+                    torch.cuda.synchronize()
+                    row["setup_s"] = round(time.perf_counter() - t0, 2)
+                    row["ms_median"], row["ms_min"] = time_ms(call, args.warmup, args.repeats)
+                except Exception as e:  # a failed mode is a result, not a crash
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                    traceback.print_exc()
+                    rows.append(row)
+                    print(f"  {mode:10s} {name:12s} FAILED: {row['error']}", flush=True)
+                    continue
+                row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                if mode == "eager" and name == baseline:
+                    ref = out.detach().clone()  # eager bf16 SDPA: the reference of every row
+                if ref is not None:
+                    stats = error_stats(out, ref)
+                    row.update(cos_vs_bf16=stats.cos, rel_l1_vs_bf16=stats.rel_l1, nan=stats.nan)
+                rows.append(row)
+                print(f"  {mode:10s} {name:12s} {row['ms_median']:9.1f} ms  "
+                      f"cos {row.get('cos_vs_bf16', float('nan')):.6f}  "
+                      f"peak {row['peak_mem_gib']} GiB", flush=True)
+                call = out = graph = None  # frees a captured graph's memory pool
+            set_backend(baseline)
+            torch._dynamo.reset()
+
+    by_key = {(r["mode"], r["backend"]): r for r in rows}
+    for r in rows:
+        base = by_key.get((r["mode"], baseline))
+        if r["backend"] == "fp8dit" and base and "ms_median" in base and "ms_median" in r:
+            r["speedup"] = round(base["ms_median"] / r["ms_median"], 3)
+
+    out_path = Path(args.out) if args.out else RESULTS / (
+        re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-wan-forward.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    previous = []
+    if out_path.exists():
+        try:
+            previous = json.loads(out_path.read_text())
+        except json.JSONDecodeError:
+            print(f"note: {out_path} is not valid JSON; starting a new list")
+        if not isinstance(previous, list):
+            previous = []
+    out_path.write_text(json.dumps(previous + rows, indent=1) + "\n")
+
+    print(f"\nwrote {len(rows)} rows to {out_path}")
+    for r in rows:
+        if r.get("graph_breaks") is not None:
+            print(f"fp8dit graph breaks under torch.compile: {r['graph_breaks']}"
+                  + (" (" + "; ".join(r["break_reasons"][:5]) + ")" if r["break_reasons"] else ""))
+    print(f"\n{'mode':11s} {'backend':12s} {'median ms':>10s} {'min ms':>9s} {'speed-up':>9s} "
+          f"{'cos vs bf16':>12s} {'peak GiB':>9s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:11s} {r['backend']:12s} failed: {r['error']}")
+            continue
+        speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        cos = r.get("cos_vs_bf16", float("nan"))
+        print(f"{r['mode']:11s} {r['backend']:12s} {r['ms_median']:10.1f} {r['ms_min']:9.1f} "
+              f"{speed:>9s} {cos:12.6f} {r['peak_mem_gib']:9.2f}")
+    return 1 if any("error" in r or r.get("nan") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
