@@ -1,0 +1,804 @@
+"""``fp8dit bench``: fp8dit against SDPA cuDNN / flash and SageAttention, in one process.
+
+Every backend runs on the same fresh random inputs (several sets, rotated between calls so that
+L2 does not flatter anyone), is checked against SDPA cuDNN's output (cosine) so a broken backend
+shows, and is timed with ``triton.testing.do_bench`` (median). fp8dit is timed three ways:
+
+- ``fp8dit``: ``fp8dit.attention(q, k, v, backend="fp8")``, bf16 in and out, quantization,
+  allocation and host work included (what a model sees);
+- ``fp8dit-kernel``: only the persistent attention kernel and the split-KV merge, on inputs
+  already quantized (``fp8dit.launch.attention_stage``);
+- ``fp8dit-quant``: only the quantization kernels (K/V channel statistics, K/V and Q quantize;
+  ``fp8dit.launch.quantize_stage``, workspace allocation included as in a real call).
+
+TFLOPS = 4*B*H*Sq*Sk*D / time. One JSON row per (preset, backend) is merged into
+``benchmarks/results/<gpu-name>.json`` (older runs are kept with their dates); the table is
+printed last. ``benchmarks/bench_attention.py`` is the stand-alone script around :func:`main`.
+
+Example
+-------
+$ fp8dit bench --preset flux-1024 --preset wan-480p
+$ fp8dit bench --preset all --plot bench.png
+$ fp8dit bench --smoke            # no GPU: tiny shape through Triton's CPU interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .presets import PRESETS, Shape, ShapeError, parse_shape, resolve_shapes
+
+BACKENDS = {
+    "fp8dit": "fp8dit.attention(backend='fp8'): bf16 in/out, quantization included",
+    "fp8dit-kernel": "fp8dit persistent attention kernel + merge only, inputs pre-quantized",
+    "fp8dit-quant": "fp8dit quantization kernels only (K/V stats, K/V and Q quantize)",
+    "sdpa-cudnn": "torch SDPA, SDPBackend.CUDNN_ATTENTION, bf16",
+    "sdpa-flash": "torch SDPA, SDPBackend.FLASH_ATTENTION (FA2), bf16",
+    "sageattn": "SageAttention sageattn (int8 QK, fp16 PV, Triton), when importable",
+    "sdpa-math": "torch SDPA, SDPBackend.MATH (the CPU reference of --smoke)",
+}
+GPU_BACKENDS = ("fp8dit", "fp8dit-kernel", "fp8dit-quant", "sdpa-cudnn", "sdpa-flash", "sageattn")
+SMOKE_BACKENDS = ("fp8dit", "fp8dit-kernel", "fp8dit-quant", "sdpa-math", "sdpa-cudnn",
+                  "sdpa-flash", "sageattn")
+SMOKE_SHAPE = "1,2,128,64"
+# Below this cosine against the reference a backend is flagged as broken (8-bit attention on
+# these inputs sits above 0.99; a wrong kernel lands far lower).
+MIN_COS = 0.99
+NO_GPU_MESSAGE = (
+    "fp8dit bench: no CUDA GPU found (torch.cuda.is_available() is False); "
+    "use --smoke for a tiny run through Triton's CPU interpreter"
+)
+
+
+class Unavailable(RuntimeError):
+    """A backend that cannot run here (not an error of the backend itself)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", action="append", metavar="NAME",
+                   help="preset shape (repeatable or comma-separated; 'all' for every one): "
+                        + ", ".join(PRESETS) + ". Default: all (or the --smoke shape)")
+    p.add_argument("--shape", action="append", metavar="B,H,S,D",
+                   help="custom shape, e.g. 1,24,4608,128 (repeatable)")
+    p.add_argument("--backends", metavar="A,B",
+                   help="comma-separated subset of: " + ", ".join(BACKENDS)
+                        + f". Default: {','.join(GPU_BACKENDS)}")
+    p.add_argument("--recipe", help="fp8dit recipe (fp8dit.recipes.RECIPES); default: "
+                   "FP8DIT_RECIPE or the library default")
+    p.add_argument("--repeats", type=int, help="timed runs per backend (default 100; 3 with "
+                   "--smoke), capped by --max-ms")
+    p.add_argument("--warmup", type=int, help="warm-up runs per backend (default 10; 1 with "
+                   "--smoke)")
+    p.add_argument("--max-ms", type=float, default=1500.0,
+                   help="cap of the timed runs' total time per backend, in ms (default 1500; "
+                        "keeps an all-preset H200 run within about 4 minutes)")
+    p.add_argument("--sets", type=int, help="input sets rotated between calls (default 3, "
+                   "2 when one set is over 2 GiB)")
+    p.add_argument("--family", default="normal", help="input family of fp8dit.testing "
+                   "(normal, dit); default normal")
+    p.add_argument("--layout", default="HND", choices=("HND", "NHD"),
+                   help="tensor layout of all backends' inputs: HND [B,H,S,D] (default, SDPA's) "
+                        "or NHD [B,S,H,D] (diffusers'; SDPA then gets transposed views)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-json", metavar="PATH",
+                   help="results file (default benchmarks/results/<gpu-name>.json)")
+    p.add_argument("--no-save", action="store_true", help="do not write the results file")
+    p.add_argument("--plot", metavar="PNG", help="grouped bar chart of TFLOPS (needs matplotlib)")
+    p.add_argument("--from-json", metavar="PATH",
+                   help="print (and --plot) the latest run stored in a results file; runs nothing")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"tiny run ({SMOKE_SHAPE}) of fp8dit through Triton's CPU interpreter "
+                        "against CPU SDPA: checks the wiring; its times are not kernel speed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-running under Triton's interpreter (TRITON_INTERPRET must be set before triton is imported)
+# ---------------------------------------------------------------------------------------------
+
+
+def _kernels_in(module) -> dict:
+    from triton.runtime.jit import KernelInterface
+
+    return {
+        name: obj for name, obj in vars(module).items()
+        if isinstance(obj, KernelInterface) or type(obj).__name__ == "InterpretedFunction"
+    }
+
+
+def interpreter_active() -> bool:
+    """True when fp8dit's kernels were built for Triton's CPU interpreter."""
+    from . import launch
+
+    kernels = _kernels_in(launch)
+    return bool(kernels) and all(
+        type(k).__name__ == "InterpretedFunction" for k in kernels.values()
+    )
+
+
+def rerun_interpreted(module: str, args: argparse.Namespace) -> int:
+    """Run ``module.run(args)`` in a child Python with ``TRITON_INTERPRET=1``."""
+    if getattr(args, "_interpreted_child", False):
+        print(f"fp8dit {module.rsplit('.', 1)[-1]}: error: TRITON_INTERPRET=1 did not put "
+              "Triton in interpreter mode", file=sys.stderr)
+        return 1
+    payload = {k: v for k, v in vars(args).items() if not callable(v)}
+    payload["_interpreted_child"] = True
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    child_env = dict(os.environ, TRITON_INTERPRET="1")
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (pkg_root, os.environ.get("PYTHONPATH", "")) if p
+    )
+    code = "import sys; from fp8dit.bench import _child_main; sys.exit(_child_main())"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = subprocess.run(
+        [sys.executable, "-c", code, module, json.dumps(payload)], env=child_env
+    )
+    return proc.returncode
+
+
+def _child_main() -> int:
+    module, payload = sys.argv[1], json.loads(sys.argv[2])
+    return int(importlib.import_module(module).run(argparse.Namespace(**payload)) or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends: each makes fn(i) -> output of input set i (or None when there is no output)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Staged:
+    """One input set run through fp8dit's quantization stage, ready for the attention stage."""
+
+    qkv: tuple
+    strides: tuple  # (q, k, v, out) strides as (batch, token, head, dim)
+    ws: object  # fp8dit.launch.Workspace
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+@dataclass
+class Case:
+    shape: Shape
+    layout: str
+    device: torch.device
+    recipe: str
+    sets: list  # [(q, k, v)] in ``layout``
+    _staged: tuple | None = None  # (plan, cfg, recipe, scale, [Staged per set])
+
+    def swap_hn(self, t):
+        """[B,S,H,D] <-> [B,H,S,D] view when the inputs are NHD (SDPA wants HND)."""
+        return t if self.layout == "HND" else t.transpose(1, 2)
+
+    def staged(self):
+        """The launcher's plan and, per input set, a quantized workspace and output buffers.
+
+        Built with the same pieces as ``fp8dit.attention`` (``launch.plan_for``,
+        ``quantize_stage``, ``attention_stage``), so the stages time exactly what it runs.
+        """
+        if self._staged is None:
+            from . import launch
+            from .recipes import get_recipe
+
+            B, H, S, D = self.shape.B, self.shape.H, self.shape.S, self.shape.D
+            rec, scale = get_recipe(self.recipe), 1.0 / math.sqrt(D)
+            plan, cfg = launch.plan_for(
+                [S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H, head_dim=D,
+                is_causal=False, device=self.device,
+            )
+            staged = []
+            for q, k, v in self.sets:
+                out = torch.empty_like(q)
+                lse = torch.empty(B, H, S, device=self.device, dtype=torch.float32)
+                st = tuple(launch._bthd_strides(t, self.layout) for t in (q, k, v, out))
+                ws = launch.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2])
+                staged.append(Staged((q, k, v), st, ws, out, lse))
+            self._staged = (plan, cfg, rec, scale, staged)
+        return self._staged
+
+
+def _need_cuda(case: Case, what: str) -> None:
+    if case.device.type != "cuda":
+        raise Unavailable(f"{what} needs a CUDA GPU")
+
+
+def _make_fp8dit(case: Case):
+    import fp8dit
+
+    def fn(i):
+        q, k, v = case.sets[i]
+        return fp8dit.attention(q, k, v, layout=case.layout, backend="fp8", recipe=case.recipe)
+
+    return fn
+
+
+def _make_fp8dit_kernel(case: Case):
+    from .launch import attention_stage
+
+    plan, cfg, _, _, staged = case.staged()
+
+    def fn(i):
+        x = staged[i]
+        lse_strides = (x.lse.stride(0), x.lse.stride(1), x.lse.stride(2))
+        attention_stage(plan, cfg, x.ws, x.out, x.strides[3], x.lse, lse_strides)
+        return x.out
+
+    def poisoned_fn(i):  # the check call: every output element must be written by the kernel
+        staged[i].out.fill_(float("nan"))
+        return fn(i)
+
+    fn.check_call = poisoned_fn
+    return fn
+
+
+def _make_fp8dit_quant(case: Case):
+    from .launch import quantize_stage
+
+    plan, _, rec, scale, staged = case.staged()
+
+    def fn(i):
+        x = staged[i]
+        (q, k, v), st = x.qkv, x.strides
+        quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2])  # allocates, as e2e
+        return None
+
+    return fn
+
+
+def _make_sdpa(backend_name: str):
+    def make(case: Case):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        if backend_name != "MATH":
+            _need_cuda(case, f"SDPA {backend_name.lower()}")
+        backend = getattr(SDPBackend, f"{backend_name}_ATTENTION" if backend_name != "MATH"
+                          else "MATH")
+
+        def fn(i):
+            q, k, v = (case.swap_hn(t) for t in case.sets[i])
+            with sdpa_kernel(backend):
+                out = sdpa(q, k, v, is_causal=False)
+            return case.swap_hn(out)
+
+        return fn
+
+    return make
+
+
+def _make_sage(case: Case):
+    _need_cuda(case, "SageAttention")
+    try:
+        from sageattention import sageattn
+    except ImportError as e:
+        raise Unavailable(f"sageattention is not importable ({e})") from None
+
+    def fn(i):
+        q, k, v = case.sets[i]
+        return sageattn(q, k, v, tensor_layout=case.layout, is_causal=False)
+
+    return fn
+
+
+MAKERS = {
+    "fp8dit": _make_fp8dit,
+    "fp8dit-kernel": _make_fp8dit_kernel,
+    "fp8dit-quant": _make_fp8dit_quant,
+    "sdpa-cudnn": _make_sdpa("CUDNN"),
+    "sdpa-flash": _make_sdpa("FLASH"),
+    "sdpa-math": _make_sdpa("MATH"),
+    "sageattn": _make_sage,
+}
+# Reference output for the cosine column, first that runs.
+REFERENCE_ORDER = {"cuda": ("sdpa-cudnn", "sdpa-flash"), "cpu": ("sdpa-math",)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    preset: str
+    B: int
+    H: int
+    S: int
+    D: int
+    backend: str
+    ms: float | None = None
+    tflops: float | None = None
+    speedup_vs_cudnn: float | None = None
+    peak_mem_bytes: int | None = None
+    cos_vs_ref: float | None = None
+    rel_l1_vs_ref: float | None = None
+    ref: str | None = None
+    quant_share: float | None = None
+    note: str = ""
+    error: str | None = None
+    layout: str = "HND"
+    family: str = "normal"
+    n_sets: int = 0
+    recipe: str | None = None
+    interpreter: bool = False
+    bad: bool = False  # failed, NaN or cos vs ref below MIN_COS
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - a dead context fails here; the row already says why
+            pass
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    msg = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _time_gpu(fn, n_sets: int, warmup: int, repeats: int, max_ms: float, device) -> tuple:
+    """(median ms, peak memory delta in bytes of one call) with rotated input sets."""
+    import triton.testing
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    out = fn(1 % n_sets)
+    end.record()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del out
+    est = max(start.elapsed_time(end), 1e-3)
+    counter = itertools.count()
+    rep_ms = min(est * max(repeats, 1), max_ms)
+    warm_ms = min(est * max(warmup, 0), max_ms / 4)
+    ms = triton.testing.do_bench(
+        lambda: fn(next(counter) % n_sets), warmup=warm_ms, rep=rep_ms, return_mode="median"
+    )
+    return float(ms), int(peak)
+
+
+def _time_cpu(fn, n_sets: int, warmup: int, repeats: int) -> tuple:
+    for i in range(warmup):
+        fn(i % n_sets)
+    times = []
+    for i in range(max(repeats, 1)):
+        t0 = time.perf_counter()
+        fn(i % n_sets)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), None
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _n_sets(shape: Shape, requested: int | None) -> int:
+    if requested is not None:
+        return requested
+    set_bytes = 3 * shape.B * shape.H * shape.S * shape.D * 2
+    return 3 if set_bytes < 2 * 2**30 else 2
+
+
+def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed, n_sets,
+                warmup, repeats, max_ms) -> list[Row]:
+    from .testing import error_stats, make_qkv
+
+    interp = device.type == "cpu"
+    _log(f"[bench] {shape.name} ({shape.dims()}): {n_sets} input sets, layout {layout}, "
+         f"family {family}")
+    sets = [
+        make_qkv(shape.B, shape.H, shape.S, shape.D, family=family, layout=layout,
+                 dtype=torch.bfloat16, device=device, seed=seed + i)
+        for i in range(n_sets)
+    ]
+    case = Case(shape, layout, device, recipe, sets)
+    common = dict(preset=shape.name, B=shape.B, H=shape.H, S=shape.S, D=shape.D, layout=layout,
+                  family=family, n_sets=n_sets, interpreter=interp)
+
+    ref, ref_name = None, None
+    for name in REFERENCE_ORDER[device.type]:
+        try:
+            ref = MAKERS[name](case)(0)
+            _sync(device)
+            ref_name = name
+            break
+        except Exception as e:  # noqa: BLE001 - any failure means: try the next reference
+            _log(f"[bench]   reference {name} failed: {_first_line(e)}")
+            ref = None
+    rows = []
+    for name in backends:
+        row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None, **common)
+        rows.append(row)
+        t0 = time.perf_counter()
+        try:
+            fn = MAKERS[name](case)
+            out = getattr(fn, "check_call", fn)(0)
+            _sync(device)
+            if out is not None and ref is not None:
+                st = error_stats(out, ref)
+                row.cos_vs_ref, row.rel_l1_vs_ref, row.ref = st.cos, st.rel_l1, ref_name
+                if st.nan or not st.cos >= MIN_COS:
+                    row.bad = True
+                    row.note = "NaN in output!" if st.nan else f"cos below {MIN_COS}!"
+            del out
+            if interp:
+                row.ms, row.peak_mem_bytes = _time_cpu(fn, n_sets, warmup, repeats)
+            else:
+                row.ms, row.peak_mem_bytes = _time_gpu(fn, n_sets, warmup, repeats, max_ms,
+                                                       device)
+            if not interp and name != "fp8dit-quant":
+                row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
+        except Unavailable as e:
+            row.error = f"unavailable: {e}"
+        except torch.cuda.OutOfMemoryError as e:
+            row.error, row.bad = f"out of memory: {_first_line(e, 100)}", True
+        except Exception as e:  # noqa: BLE001 - one broken backend must not end the run
+            row.error, row.bad = _first_line(e), True
+        finally:
+            _empty_cache(device)
+        status = row.error or f"{row.ms:.3f} ms"
+        _log(f"[bench]   {name:14s} {status}  ({time.perf_counter() - t0:.1f} s)")
+    _finish_rows(rows, interp)
+    del case, sets, ref
+    _empty_cache(device)
+    return rows
+
+
+def _finish_rows(rows: list[Row], interp: bool) -> None:
+    by = {r.backend: r for r in rows if r.ms is not None}
+    cudnn = by.get("sdpa-cudnn")
+    if cudnn is not None and not interp:
+        for r in rows:
+            if r.ms is not None and r.backend != "fp8dit-quant":
+                r.speedup_vs_cudnn = cudnn.ms / r.ms
+    e2e = by.get("fp8dit")
+    if e2e is None:
+        return
+    notes = []
+    if "fp8dit-quant" in by:
+        e2e.quant_share = by["fp8dit-quant"].ms / e2e.ms
+        notes.append(f"quant {100 * e2e.quant_share:.0f}%")
+        by["fp8dit-quant"].note = f"{100 * e2e.quant_share:.0f}% of fp8dit"
+    if "fp8dit-kernel" in by:
+        share = by["fp8dit-kernel"].ms / e2e.ms
+        notes.append(f"kernel {100 * share:.0f}%")
+        by["fp8dit-kernel"].note = f"{100 * share:.0f}% of fp8dit"
+    e2e.note = "; ".join(filter(None, [e2e.note, " ".join(notes) + " of e2e" if notes else ""]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: table, JSON, plot
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def format_table(rows: list[dict]) -> str:
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    header = ("preset", "backend", "ms", "TFLOPS", "vs cuDNN", "peak mem", "cos vs ref", "note")
+    lines = []
+    for r in rows:
+        note = r.get("error") or r.get("note") or ""
+        lines.append((
+            r["preset"], r["backend"], f(r.get("ms"), ".3f"), f(r.get("tflops"), ".1f"),
+            "-" if r.get("speedup_vs_cudnn") is None else f"{r['speedup_vs_cudnn']:.2f}x",
+            _fmt_bytes(r.get("peak_mem_bytes")), f(r.get("cos_vs_ref"), ".5f"), note,
+        ))
+    widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h)
+              for i, h in enumerate(header)]
+    right = {2, 3, 4, 5, 6}
+
+    def fmt(cells):
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    out = [fmt(header), fmt(["-" * w for w in widths])]
+    prev = None
+    for r, cells in zip(rows, lines):
+        if prev is not None and r["preset"] != prev:
+            out.append("")
+        prev = r["preset"]
+        out.append(fmt(cells))
+    return "\n".join(out)
+
+
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def _git_commit() -> str | None:
+    try:
+        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
+def run_metadata(device: torch.device) -> dict:
+    import triton
+
+    from . import __version__
+
+    meta = {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-interpreter",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "fp8dit": __version__,
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    try:
+        from importlib.metadata import version
+
+        meta["sageattention"] = version("sageattention")
+    except Exception:  # noqa: BLE001 - not installed
+        meta["sageattention"] = None
+    return meta
+
+
+def _row_key(r: dict) -> tuple:
+    return (r.get("date"), r.get("preset"), r.get("backend"), r.get("recipe"))
+
+
+def load_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable JSON results file ({e})") from None
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ValueError(f"{path}: expected a JSON list of row objects")
+    return data
+
+
+def save_results(path: Path, rows: list[dict]) -> int:
+    """Merge ``rows`` into the JSON list at ``path`` (same date/preset/backend/recipe replaced)."""
+    old = load_results(path)
+    new_keys = {_row_key(r) for r in rows}
+    merged = [r for r in old if _row_key(r) not in new_keys] + rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in merged) + "\n]\n")
+    tmp.replace(path)
+    return len(merged)
+
+
+def latest_run(rows: list[dict]) -> list[dict]:
+    dates = [r.get("date") for r in rows if r.get("date")]
+    if not dates:
+        return rows
+    last = max(dates)
+    return [r for r in rows if r.get("date") == last]
+
+
+def check_plot_available() -> str | None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ("--plot needs matplotlib, which is not installed "
+                "(pip install 'fp8dit[plot]' or pip install matplotlib)")
+    return None
+
+
+def plot_rows(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # TFLOPS where there are any (GPU runs); interpreter runs only have times.
+    metric = "tflops" if any(r.get("tflops") is not None for r in rows) else "ms"
+    rows = [r for r in rows if r.get(metric) is not None]
+    if not rows:
+        raise ValueError("nothing to plot: no row has a time")
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    val = {(r["preset"], r["backend"]): r[metric] for r in rows}
+    width = 0.8 / max(len(backends), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(presets) * max(1, len(backends) / 3)), 4.5))
+    for j, b in enumerate(backends):
+        xs = [i + (j - (len(backends) - 1) / 2) * width for i in range(len(presets))]
+        ys = [val.get((p, b), 0.0) for p in presets]
+        bars = ax.bar(xs, ys, width, label=b)
+        ax.bar_label(bars, labels=[f"{y:.3g}" if y else "" for y in ys], fontsize=7)
+    ax.set_ylim(top=1.3 * max(val.values()))  # room for the legend above the bars
+    ax.set_xticks(range(len(presets)))
+    ax.set_xticklabels(presets, rotation=15)
+    ax.set_ylabel("TFLOPS (4*B*H*S^2*D / time)" if metric == "tflops"
+                  else "ms (CPU interpreter, not kernel speed)")
+    first = rows[0]
+    ax.set_title(f"attention forward, {first.get('gpu', '')}, {first.get('date', '')}")
+    ax.legend(fontsize=8, ncol=min(len(backends), 3))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def _error(msg: str) -> int:
+    print(f"fp8dit bench: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _parse_backends(text: str | None, default) -> list[str]:
+    if not text:
+        return list(default)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in BACKENDS]
+    if bad or not names:
+        raise ValueError(
+            f"--backends: unknown {', '.join(map(repr, bad)) or 'empty list'}; expected "
+            "a comma-separated subset of: " + ", ".join(BACKENDS)
+        )
+    return list(dict.fromkeys(names))
+
+
+def _report(rows: list[dict], *, interp: bool, plot: str | None, note: str | None) -> int:
+    rc = 0
+    if plot:
+        try:
+            plot_rows(rows, plot)
+            _log(f"[bench] wrote {plot}")
+        except Exception as e:  # noqa: BLE001 - the table still matters
+            _log(f"[bench] --plot failed: {_first_line(e)}")
+            rc = 1
+    if note:
+        print(note)
+    if interp:
+        print("CPU interpreter run (TRITON_INTERPRET=1): ms are Python interpreter times, "
+              "not kernel speed; no TFLOPS or speed-up figures.")
+    print(format_table(rows))
+    return rc
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        missing = check_plot_available()
+        if missing:
+            return _error(missing)
+    if args.from_json:
+        try:
+            rows = latest_run(load_results(Path(args.from_json)))
+        except ValueError as e:
+            return _error(str(e))
+        if not rows:
+            return _error(f"{args.from_json}: no rows (missing or empty file)")
+        return _report(rows, interp=bool(rows[0].get("interpreter")), plot=args.plot,
+                       note=f"{args.from_json}: run of {rows[0].get('date')} on "
+                            f"{rows[0].get('gpu')}")
+
+    smoke = bool(args.smoke)
+    if not smoke and not torch.cuda.is_available():
+        print(NO_GPU_MESSAGE, file=sys.stderr)
+        return 1
+    try:
+        from .recipes import get_recipe
+
+        recipe = get_recipe(args.recipe).name
+        backends = _parse_backends(args.backends, SMOKE_BACKENDS if smoke else GPU_BACKENDS)
+        if smoke and args.preset:
+            raise ShapeError("--smoke runs through the CPU interpreter: use a tiny --shape, "
+                             "not a --preset")
+        shapes = resolve_shapes(args.preset, args.shape)
+        if not shapes:
+            shapes = [parse_shape(SMOKE_SHAPE)] if smoke else list(PRESETS.values())
+        from .testing import FAMILIES
+
+        if args.family not in FAMILIES:
+            raise ValueError(f"--family: expected one of {', '.join(FAMILIES)}, "
+                             f"got {args.family!r}")
+        for opt in ("repeats", "warmup", "sets"):
+            val = getattr(args, opt)
+            if val is not None and val < (0 if opt == "warmup" else 1):
+                raise ValueError(f"--{opt}: expected a positive number, got {val}")
+        if not args.max_ms > 0:
+            raise ValueError(f"--max-ms: expected a positive number, got {args.max_ms}")
+    except ValueError as e:
+        return _error(str(e))
+
+    if smoke and not interpreter_active():
+        _log("[bench] --smoke: re-running under TRITON_INTERPRET=1 (Triton's CPU interpreter)")
+        return rerun_interpreted(__name__, args)
+
+    device = torch.device("cpu") if smoke else torch.device("cuda", torch.cuda.current_device())
+    repeats = args.repeats if args.repeats is not None else (3 if smoke else 100)
+    warmup = args.warmup if args.warmup is not None else (1 if smoke else 10)
+    meta = run_metadata(device)
+    out_path = None
+    if not smoke and not args.no_save:
+        out_path = Path(args.out_json or Path("benchmarks", "results", gpu_slug(meta["gpu"])
+                                               + ".json"))
+    all_rows: list[dict] = []
+    saved_note = None
+    t_start = time.perf_counter()
+    for shape in shapes:
+        try:
+            rows = bench_shape(
+                shape, backends, device=device, recipe=recipe, layout=args.layout,
+                family=args.family, seed=args.seed, n_sets=_n_sets(shape, args.sets),
+                warmup=warmup, repeats=repeats, max_ms=args.max_ms,
+            )
+        except Exception as e:  # noqa: BLE001 - e.g. inputs that do not fit: next shape
+            _log(f"[bench] {shape.name}: {_first_line(e)}")
+            rows = [Row(shape.name, shape.B, shape.H, shape.S, shape.D, "(inputs)",
+                        error=_first_line(e), bad=True, layout=args.layout,
+                        family=args.family, interpreter=smoke)]
+            _empty_cache(device)
+        dict_rows = [dict(asdict(r), **meta) for r in rows]
+        all_rows.extend(dict_rows)
+        if out_path is not None:  # after every shape, so a crash later keeps what was measured
+            try:
+                total = save_results(out_path, all_rows)
+                saved_note = f"saved {len(all_rows)} rows to {out_path} ({total} in the file)"
+            except (OSError, ValueError) as e:
+                saved_note = f"could not save results: {e}"
+    _log(f"[bench] done in {time.perf_counter() - t_start:.0f} s")
+    ref_note = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, recipe "
+                f"{recipe}; cos vs ref: against "
+                + ("SDPA cuDNN (flash if cuDNN failed)" if not smoke else "CPU SDPA (math)"))
+    if saved_note:
+        ref_note = saved_note + "\n" + ref_note
+    rc = _report(all_rows, interp=smoke, plot=args.plot, note=ref_note)
+    # A broken fp8dit fails the run (CI's smoke test relies on it); other peers only report.
+    broken = [r for r in all_rows
+              if r.get("bad") and (r["backend"].startswith("fp8dit") or r["backend"] == "(inputs)")]
+    return rc or (1 if broken else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_attention.py", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

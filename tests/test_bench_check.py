@@ -1,0 +1,362 @@
+"""``fp8dit bench`` / ``fp8dit check`` on the CPU: presets, errors, smoke runs, captured inputs."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton/fp8dit are imported (no GPU here)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from fp8dit import bench, check  # noqa: E402
+from fp8dit.presets import (  # noqa: E402
+    PRESETS,
+    ShapeError,
+    attention_flops,
+    parse_shape,
+    resolve_shapes,
+)
+from fp8dit.recipes import RECIPES  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+needs_interpreter = pytest.mark.skipif(
+    not bench.interpreter_active(), reason="fp8dit kernels were not built for the interpreter"
+)
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+
+
+def _run(module, argv):
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    return module.run(p.parse_args(argv))
+
+
+def _table(text: str, first_col: str) -> list[list[str]]:
+    """Rows of a printed table (split on runs of 2+ spaces), from the header line on."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_col + " "))
+    return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 2:] if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# presets and --shape
+# ---------------------------------------------------------------------------------------------
+
+
+def test_presets_match_the_anchor_shapes():
+    got = {n: (s.B, s.H, s.S, s.D) for n, s in PRESETS.items()}
+    assert got == {
+        "wan2.2-a14b-720p": (1, 40, 75600, 128),
+        "wan-480p": (1, 40, 32760, 128),
+        "wan2.1-1.3b-480p": (1, 12, 32760, 128),
+        "hunyuanvideo-720p": (1, 24, 118800, 128),
+        "flux-1024": (1, 24, 4608, 128),
+        "cogvideox-5b": (1, 48, 17776, 64),
+    }
+
+
+def test_flops_formula():
+    assert attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert PRESETS["flux-1024"].flops == 4 * 24 * 4608 * 4608 * 128
+
+
+def test_parse_shape():
+    s = parse_shape(" 2, 24 ,4608,128")
+    assert (s.B, s.H, s.S, s.D) == (2, 24, 4608, 128)
+    assert s.name == "B2-H24-S4608-D128"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("1,24,4608", "3 values"),
+    ("1,24,4608,128,5", "5 values"),
+    ("1,24,x,128", "S must be an integer"),
+    ("1,24,4608,1.5", "D must be an integer"),
+    ("0,24,4608,128", "B must be at least 1"),
+    ("1,-2,4608,128", "H must be at least 1"),
+    ("", "B,H,S,D"),
+])
+def test_parse_shape_errors(text, fragment):
+    with pytest.raises(ShapeError, match=re.escape(fragment)):
+        parse_shape(text)
+
+
+def test_resolve_shapes():
+    assert [s.name for s in resolve_shapes(["all"])] == list(PRESETS)
+    got = resolve_shapes(["flux-1024,cogvideox-5b", "flux-1024"], ["1,2,64,32"])
+    assert [s.name for s in got] == ["flux-1024", "cogvideox-5b", "B1-H2-S64-D32"]
+    assert resolve_shapes(None, None) == []
+    with pytest.raises(ShapeError, match="unknown preset 'wan-1080p'.*flux-1024"):
+        resolve_shapes(["wan-1080p"])
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+
+
+@no_gpu
+def test_bench_without_gpu_says_so_in_one_line(capsys):
+    assert _run(bench, ["--preset", "flux-1024"]) != 0
+    out, err = capsys.readouterr()
+    lines = [x for x in (out + err).splitlines() if x.strip()]
+    assert lines == [bench.NO_GPU_MESSAGE]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--smoke", "--backends", "fp8dit,cudnn"], "--backends: unknown 'cudnn'"),
+    (["--smoke", "--shape", "1,2,64"], "--shape: expected B,H,S,D"),
+    (["--smoke", "--preset", "flux-1024"], "use a tiny --shape"),
+    (["--smoke", "--recipe", "fp4"], "recipe: expected one of"),
+    (["--smoke", "--family", "uniform"], "--family: expected one of"),
+    (["--smoke", "--repeats", "0"], "--repeats"),
+])
+def test_bench_argument_errors(capsys, argv, fragment):
+    assert _run(bench, argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.startswith("fp8dit bench: error:")
+
+
+@needs_interpreter
+def test_bench_smoke_prints_a_table(capsys):
+    rc = _run(bench, ["--smoke", "--shape", "1,2,64,64", "--repeats", "1", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "CPU interpreter" in out
+    rows = {r[1]: r for r in _table(out, "preset")}
+    assert set(rows) == set(bench.SMOKE_BACKENDS)
+    for name in ("fp8dit", "fp8dit-kernel"):  # kernel-only output was poisoned before the run
+        assert rows[name][0] == "B1-H2-S64-D64"
+        assert float(rows[name][2]) > 0
+        assert 0.99 < float(rows[name][6]) <= 1.0 + 1e-9
+    assert float(rows["sdpa-math"][6]) == pytest.approx(1.0, abs=1e-6)
+    for name in ("sdpa-cudnn", "sdpa-flash", "sageattn"):
+        assert "unavailable" in rows[name][-1] and "CUDA" in rows[name][-1]
+    assert "of e2e" in rows["fp8dit"][-1]
+
+
+@needs_interpreter
+def test_bench_flags_a_kernel_that_leaves_its_output_unwritten(monkeypatch, capsys):
+    import fp8dit.launch
+
+    monkeypatch.setattr(fp8dit.launch, "attention_stage", lambda *a, **k: None)
+    rc = _run(bench, ["--smoke", "--shape", "1,1,64,64", "--backends",
+                      "fp8dit-kernel,sdpa-math", "--repeats", "1"])
+    rows = {r[1]: r for r in _table(capsys.readouterr().out, "preset")}
+    assert rc == 1
+    assert rows["fp8dit-kernel"][-1] == "NaN in output!"
+
+
+def test_bench_smoke_script_reexecs_under_the_interpreter(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_attention.py"), "--smoke",
+         "--shape", "1,1,64,64", "--backends", "fp8dit,sdpa-math", "--repeats", "1"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = {r[1]: r for r in _table(res.stdout, "preset")}
+    assert set(rows) == {"fp8dit", "sdpa-math"}
+    assert float(rows["fp8dit"][6]) > 0.99
+    assert not (tmp_path / "benchmarks").exists()  # smoke runs save nothing
+
+
+def _row(date, preset, backend, tflops):
+    return dict(date=date, preset=preset, backend=backend, recipe=None, ms=1.0, tflops=tflops,
+                speedup_vs_cudnn=None, peak_mem_bytes=2**20, cos_vs_ref=0.999, note="",
+                error=None, gpu="Test GPU")
+
+
+def test_results_merge_keeps_older_runs(tmp_path):
+    path = tmp_path / "results" / "test-gpu.json"
+    assert bench.save_results(path, [_row("d1", "flux-1024", "fp8dit", 1.0)]) == 1
+    assert bench.save_results(path, [_row("d2", "flux-1024", "fp8dit", 2.0),
+                                     _row("d2", "flux-1024", "sdpa-cudnn", 3.0)]) == 3
+    # the same run saved again (after its next preset) replaces its own rows
+    assert bench.save_results(path, [_row("d2", "flux-1024", "fp8dit", 4.0)]) == 3
+    rows = json.loads(path.read_text())
+    assert sorted((r["date"], r["backend"], r["tflops"]) for r in rows) == [
+        ("d1", "fp8dit", 1.0), ("d2", "fp8dit", 4.0), ("d2", "sdpa-cudnn", 3.0)]
+    assert {r["date"] for r in bench.latest_run(rows)} == {"d2"}
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable JSON results file"):
+        bench.save_results(path, [_row("d3", "flux-1024", "fp8dit", 1.0)])
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_bench_from_json_prints_the_latest_run(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    bench.save_results(path, [_row("2026-01-01", "flux-1024", "fp8dit", 111.0),
+                              _row("2026-02-01", "wan-480p", "fp8dit", 222.0)])
+    assert _run(bench, ["--from-json", str(path)]) == 0
+    rows = _table(capsys.readouterr().out, "preset")
+    assert [(r[0], r[3]) for r in rows] == [("wan-480p", "222.0")]
+    assert _run(bench, ["--from-json", str(tmp_path / "missing.json")]) == 2
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    for module in (bench, check):
+        assert _run(module, ["--plot", str(tmp_path / "x.png")]) == 2
+        assert "--plot needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_plot_from_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "r.json"
+    bench.save_results(path, [_row("d", p, b, t) for p, b, t in (
+        ("flux-1024", "fp8dit", 500.0), ("flux-1024", "sdpa-cudnn", 400.0),
+        ("wan-480p", "fp8dit", 600.0), ("wan-480p", "sdpa-cudnn", 560.0))])
+    png = tmp_path / "bench.png"
+    assert _run(bench, ["--from-json", str(path), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_rows(out):
+    return {(r[0], r[1]): r for r in _table(out, "recipe")}
+
+
+@needs_interpreter
+def test_check_rows_for_every_recipe_and_family(capsys):
+    assert _run(check, ["--shape", "1,2,128,64"]) == 0
+    out = capsys.readouterr().out
+    assert "B1 S128 H2 D64" in out
+    rows = _check_rows(out)
+    recipes = [*RECIPES, "sdpa"]
+    assert set(rows) == {(r, f) for r in recipes for f in ("normal", "dit")}
+    for (rec, fam), r in rows.items():
+        cos, rel_l1, rmse, max_abs, lse_err = (float(x) for x in r[2:7])
+        assert 0.99 < cos <= 1.0 + 1e-9, (rec, fam, cos)
+        assert 0 < rel_l1 < 0.2 and 0 < rmse <= max_abs and 0 <= lse_err < 10, (rec, fam)
+        worst = float(r[7].split()[0])
+        assert worst >= rel_l1 * 0.999  # the worst head is no better than the whole
+        if rec in RECIPES:  # the kernel's error is the recipe's rounding, not a bug
+            assert 0.5 < float(r[8].rstrip("x")) < 2.0, (rec, fam, r[8])
+        else:
+            assert r[8] == "-"
+    for fam in ("normal", "dit"):
+        base = rows[("sdpa", fam)]
+        assert float(base[6]) < 1e-3  # SDPA's LSE is computed in fp32
+        for rec in RECIPES:
+            assert float(base[3]) * 3 < float(rows[(rec, fam)][3]), (rec, fam)
+            assert float(base[6]) < float(rows[(rec, fam)][6]), (rec, fam)
+
+
+def test_check_argument_errors(capsys):
+    assert _run(check, ["--recipes", "int8qk-fp8pv,bf16"]) == 2
+    assert "--recipes: unknown 'bf16'" in capsys.readouterr().err
+    assert _run(check, ["--families", "gaussian"]) == 2
+    assert "--families: unknown 'gaussian'" in capsys.readouterr().err
+    assert _run(check, ["--shape", "1,2,x,64"]) == 2
+    assert "S must be an integer" in capsys.readouterr().err
+
+
+def _save(path, obj):
+    torch.save(obj, path)
+    return str(path)
+
+
+def _qkv(B=1, S=96, H=2, Hkv=None, D=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, H, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(B, S, Hkv or H, D, generator=g).to(torch.bfloat16)
+    v = torch.randn(B, S, Hkv or H, D, generator=g).to(torch.bfloat16)
+    return q, k, v
+
+
+def test_load_inputs_formats(tmp_path):
+    q, k, v = _qkv(H=4, Hkv=2)
+    for obj in ({"q": q, "k": k, "v": v}, (q, k, v), [q, k, v]):
+        got = check.load_inputs(_save(tmp_path / "a.pt", obj))
+        assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v)))
+    hnd = {"q": q.transpose(1, 2).contiguous(), "k": k.transpose(1, 2).contiguous(),
+           "v": v.transpose(1, 2).contiguous(), "layout": "HND"}
+    got = check.load_inputs(_save(tmp_path / "b.pt", hnd))
+    assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v)))
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda q, k, v: {"q": q, "k": k}, "without key(s) 'v'"),
+    (lambda q, k, v: (q, k), "2 items, expected 3"),
+    (lambda q, k, v: {"q": q, "k": k, "v": v.tolist()}, "v is a list, expected a tensor"),
+    (lambda q, k, v: {"q": q[0], "k": k, "v": v}, "expected 4-D [B, S, H, D]"),
+    (lambda q, k, v: {"q": q, "k": k, "v": v[:, :50]}, "v has shape"),
+    (lambda q, k, v: {"q": q[..., :32], "k": k, "v": v}, "head_dim 32"),
+    (lambda q, k, v: {"q": torch.cat([q, q[:, :, :1]], 2), "k": k, "v": v}, "multiple of"),
+    (lambda q, k, v: {"q": q.to(torch.int32), "k": k, "v": v}, "expected floating point"),
+    (lambda q, k, v: {"q": q.float().fill_(float("nan")), "k": k, "v": v}, "NaN or inf"),
+    (lambda q, k, v: {"q": q, "k": k, "v": v, "layout": "BSHD"}, "'layout' must be"),
+    (lambda q, k, v: q, "holds a Tensor"),
+])
+def test_load_inputs_errors(tmp_path, make, fragment):
+    path = _save(tmp_path / "bad.pt", make(*_qkv()))
+    with pytest.raises(check.InputsError, match=re.escape(fragment)):
+        check.load_inputs(path)
+
+
+def test_check_inputs_unreadable_file(tmp_path, capsys):
+    bad = tmp_path / "notes.pt"
+    bad.write_text("q, k and v are in another file")
+    assert _run(check, ["--inputs", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "could not read" in err and "torch.save({'q': q, 'k': k, 'v': v}" in err
+    assert _run(check, ["--inputs", str(tmp_path / "missing.pt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@needs_interpreter
+def test_check_on_captured_inputs(tmp_path, capsys):
+    q, k, v = _qkv(S=96, H=4, Hkv=2)  # GQA and a length that is not a tile multiple
+    path = _save(tmp_path / "qkv.pt", {"q": q, "k": k.float(), "v": v})
+    rc = _run(check, ["--inputs", path, "--recipes", "int8qk-fp8pv,sdpa"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = _check_rows(out)
+    assert set(rows) == {("int8qk-fp8pv", "file:qkv.pt"), ("sdpa", "file:qkv.pt")}
+    assert "B1 S96 H4 D64" in out
+    assert float(rows[("int8qk-fp8pv", "file:qkv.pt")][2]) > 0.99
+    assert float(rows[("sdpa", "file:qkv.pt")][3]) < float(
+        rows[("int8qk-fp8pv", "file:qkv.pt")][3])
+
+
+@needs_interpreter
+def test_check_plot_and_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png, js = tmp_path / "check.png", tmp_path / "check.json"
+    rc = _run(check, ["--shape", "1,2,128,64", "--families", "dit", "--recipes",
+                      "fp8,sdpa", "--sweep", "32,128", "--plot", str(png),
+                      "--out-json", str(js)])
+    assert rc == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = json.loads(js.read_text())
+    assert [(r["recipe"], r["inputs"]) for r in rows] == [("fp8", "dit"), ("sdpa", "dit")]
+    assert all(len(r["per_head_rel_l1"]) == 2 for r in rows)
+    assert _run(check, ["--shape", "1,2,128,64", "--sweep", "64,256", "--plot", str(png)]) == 2
+    assert "--sweep: lengths must be between 1 and S=128" in capsys.readouterr().err
+
+
+def test_cli_wires_bench_and_check(capsys):
+    pytest.importorskip("fp8dit.demo")  # the cli imports every subcommand's module
+    from fp8dit import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "--smoke" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["check", "--help"])
+    assert "--inputs" in capsys.readouterr().out
