@@ -57,7 +57,8 @@ def test_varlen_bad_cu_seqlens():
     q = torch.randn(10, 2, 64, device=DEVICE).bfloat16()
     ok = torch.tensor([0, 4, 10], dtype=torch.int32)
     cases = [
-        (torch.tensor([0, 6, 4, 10], dtype=torch.int32), ok, "cu_seqlens_q: expected non-decreasing"),
+        (torch.tensor([0, 6, 4, 10], dtype=torch.int32), ok,
+         "cu_seqlens_q: expected non-decreasing"),
         (torch.tensor([0, 4, 9], dtype=torch.int32), ok, "cu_seqlens_q: expected the last offset"),
         (torch.tensor([1, 4, 10], dtype=torch.int32), ok, "cu_seqlens_q: expected the first"),
         (ok.float(), ok, "cu_seqlens_q: expected dtype int32 or int64"),

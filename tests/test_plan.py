@@ -36,7 +36,7 @@ def _needed(key):
 def _check_plan(key):
     p = build_plan(key)
     covered = {}
-    for (b, h, qt, lo, hi, slot) in p.work.tolist():
+    for (b, h, qt, lo, hi, _slot) in p.work.tolist():
         assert lo < hi, "empty work item"
         for kb in range(lo, hi):
             covered[(b, h, qt, kb)] = covered.get((b, h, qt, kb), 0) + 1

@@ -80,7 +80,7 @@ def _dense_dims(q, k, v, layout):
         raise ValueError(f"k: expected batch size {B} like q, got {Bk}")
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(
-            f"v: expected the batch, sequence and head sizes of k {_shape(k)[:-1]}, ...), "
+            f"v: expected the batch, sequence and head sizes of k {tuple(k.shape[:3])}, "
             f"got shape {_shape(v)}"
         )
     _check_heads(H, Hkv, D, Dk, v.shape[3])

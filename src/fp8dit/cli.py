@@ -22,7 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{demo,bench,check}")
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        importlib.import_module(module).add_arguments(p)
+        try:
+            importlib.import_module(module).add_arguments(p)
+        except ImportError as e:  # one broken subcommand must not take the others down
+            p.set_defaults(_import_error=f"fp8dit {name}: cannot import {module}: {e}")
     return parser
 
 
@@ -31,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
+        return 2
+    if getattr(args, "_import_error", None):
+        print(args._import_error, file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     return int(module.run(args) or 0)
