@@ -29,16 +29,19 @@ SHAPES = {  # name: (B, H, S, D)
     "flux-1024": (1, 24, 4608, 128),
     "cogvideox-5b": (1, 48, 17776, 64),
 }
-SWEEP = {  # padded head dim -> list of tile configs to try
+SWEEP = {  # padded head dim -> list of tile configs to try (recipe defaults to the default)
     128: [
         dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=1),
+        dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=1,
+             recipe="fp8"),
         dict(block_m=128, block_n=128, num_warps=8, num_stages=2, programs_per_sm=1),
-        dict(block_m=128, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2),
-        dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=2),
+        dict(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1),
+        dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2),
     ],
     64: [
-        dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=2),
-        dict(block_m=128, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2),
+        dict(block_m=128, block_n=128, num_warps=8, num_stages=3, programs_per_sm=1),
+        dict(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1),
+        dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2),
     ],
 }
 
@@ -125,21 +128,22 @@ def bench_backends(name, B, H, S, D, n_sets, results, sweep):
         log(f"sageattention failed: {type(e).__name__}: {e}")
 
     dp = 128 if D > 64 else 64
-    recipe = get_recipe(None)
     for cfg in sweep.get(dp, []):
+        cfg = dict(cfg)
+        recipe = get_recipe(cfg.pop("recipe", None))
         launch.TILE_OVERRIDES[dp] = cfg
         tag = (f"b{cfg['block_m']}x{cfg['block_n']}w{cfg['num_warps']}"
-               f"s{cfg['num_stages']}p{cfg['programs_per_sm']}")
+               f"s{cfg['num_stages']}p{cfg['programs_per_sm']}-{recipe.name}")
         try:
             q, k, v = sets[0]
-            out = fp8dit.attention(q, k, v, backend="fp8")
+            out = fp8dit.attention(q, k, v, backend="fp8", recipe=recipe.name)
             torch.cuda.synchronize()
             if ref_out is None:
                 with torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     ref_out = torch.nn.functional.scaled_dot_product_attention(
                         *(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
             cos = error_stats(out, ref_out).cos
-            e2e = timeit(lambda: fp8dit.attention(*nxt(), backend="fp8"))
+            e2e = timeit(lambda: fp8dit.attention(*nxt(), backend="fp8", recipe=recipe.name))  # noqa: B023
             plan, pcfg = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H,
                                          num_kv_heads=H, head_dim=D, is_causal=False,
                                          device=q.device)

@@ -12,12 +12,14 @@ import math
 from dataclasses import dataclass
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import env
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import (
     N_STATS,
     kv_channel_stats_kernel,
+    kv_stats_finalize_kernel,
     quantize_kv_kernel,
     quantize_q_kernel,
 )
@@ -127,24 +129,27 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         qk_int8=qk_int8,
     )
     stats = torch.empty(B, Hkv, max(plan.n_chunks, 1), N_STATS, Dp, device=dev, dtype=f32)
+    k_mean = torch.zeros(B, Hkv, Dp, device=dev, dtype=f32)
     if plan.n_chunks:
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             DP=Dp, CHUNK=STATS_CHUNK, SUB=64, num_warps=4,
         )
+        kv_stats_finalize_kernel[(Hkv, B)](
+            stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, plan.n_chunks, D,
+            DP=Dp, CHUNK=STATS_CHUNK, SMOOTH_K=recipe.smooth_k, CENTER_V=recipe.center_v,
+            num_warps=4,
+        )
         quantize_kv_kernel[(plan.max_k_blocks, Hkv, B)](
-            k, v, stats, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean,
-            *k_strides, *v_strides, plan.n_chunks, D, plan.k_total_padded,
-            ws.k_scale.shape[1],
-            DP=Dp, BLOCK_N=BN, CHUNK=STATS_CHUNK,
-            SMOOTH_K=recipe.smooth_k, CENTER_V=recipe.center_v, QK_INT8=qk_int8,
-            SOFT_FP8_CAST=soft, num_warps=4,
+            k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean,
+            *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
+            DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft, num_warps=4,
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
-            q, stats, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, *q_strides,
-            plan.n_chunks, D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
-            DP=Dp, BLOCK_M=BM, CHUNK=STATS_CHUNK, SMOOTH_K=recipe.smooth_k,
+            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, *q_strides,
+            D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
+            DP=Dp, BLOCK_M=BM, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, num_warps=4,
         )
     return ws
@@ -158,8 +163,11 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     if plan.n_work:
+        desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
+        desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
+        desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
         attention_fwd_persistent_kernel[(plan.num_programs,)](
-            ws.q8, ws.q_scale, ws.q_corr, ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean,
+            desc_q, ws.q_scale, ws.q_corr, desc_k, ws.k_scale, desc_v, ws.v_scale, ws.v_mean,
             tabs["seq"], tabs["work"], tabs["work_indptr"],
             out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
             D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,

@@ -39,7 +39,7 @@ from .kernels.reduce import R_FIELDS
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 MAX_HEAD_DIM = SUPPORTED_HEAD_DIMS[-1]
 # Tokens per chunk of the K/V channel-statistics pass.
-STATS_CHUNK = 1024
+STATS_CHUNK = 512
 # Splitting the tail pays only when it removes more imbalance than this (fraction of the mean).
 SPLIT_THRESHOLD = 0.02
 # Smallest kv range (in blocks) worth a partial output and a merge.

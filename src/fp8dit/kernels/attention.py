@@ -5,6 +5,9 @@ blocks (fields ``W_*``). An item that covers the whole kv range writes the final
 user's dtype and layout, head-dim padding dropped) and the final LSE; a split-KV piece writes an
 fp32 partial output and its LSE to the plan-sized partial buffers for the reduce kernel.
 
+Q, K and V tiles arrive through tensor descriptors (TMA on Hopper): no per-element address
+registers, asynchronous copies that the compiler pipelines over ``num_stages`` buffers.
+
 Inner loop per kv block (scores kept in log2 units, scales folded):
     s = dot(q8, k8^T)                       int8 x int8 -> int32 (or fp8 x fp8 -> fp32)
     t = s * (q_scale[row] * k_scale[block])  q_scale already holds softmax_scale * log2(e)
@@ -30,20 +33,26 @@ W_FIELDS = 6
 # max): small probabilities keep more mantissa in fp8 than they would in [0, 1].
 P_SHIFT = 8.0
 
+# int32 -> fp32 without the conversion unit (16/clk/SM on Hopper, as slow as exp2): for
+# |x| < 2^22, the bits of x + 0x4B400000 are the float 1.5 * 2^23 + x exactly. An integer add
+# and a float subtract run on the fast pipes.
+I2F_MAGIC_BITS = tl.constexpr(0x4B400000)
+I2F_MAGIC = tl.constexpr(12582912.0)
+
 
 @triton.jit
 def _attn_block(
-    acc, l_i, m_i, q, q_scale, k_tile_ptr, vt_tile_ptr, k_scale,
+    acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row, v_row, v_col, k_scale,
     kv_col0, rows, k_len, offs_n,
-    Tk_pad,
     MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr,
 ):
-    k = tl.load(k_tile_ptr)  # [BLOCK_N, DP] int8 or fp8
+    k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
     if QK_INT8:
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+        s_i = tl.dot(q, k.T, out_dtype=tl.int32)
+        s = (s_i + I2F_MAGIC_BITS).to(tl.float32, bitcast=True) - I2F_MAGIC
     else:
-        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+        s = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N] fp32
     c = q_scale * k_scale  # [BLOCK_M], > 0
     if MASK:
         cols = kv_col0 + offs_n
@@ -59,16 +68,16 @@ def _attn_block(
     p = tl.math.exp2(s * c[:, None] - (m_ref - 8.0)[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     p8 = to_fp8_e4m3(p, SOFT_FP8_CAST)
-    vt = tl.load(vt_tile_ptr)  # [DP, BLOCK_N] fp8 (V transposed: K-major for the PV dot)
-    pv = tl.dot(p8, tl.trans(vt))
+    vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
+    pv = tl.dot(p8, vt.T)
     acc = acc * alpha[:, None] + pv
     return acc, l_i, m_new
 
 
 @triton.jit
 def attention_fwd_persistent_kernel(
-    q8_ptr, q_scale_ptr, q_lse_corr_ptr,
-    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr,
+    desc_q, q_scale_ptr, q_lse_corr_ptr,
+    desc_k, k_scale_ptr, desc_v, v_scale_ptr, v_mean_ptr,
     seq_ptr, work_ptr, work_indptr_ptr,
     out_ptr, o_sb, o_st, o_sh, o_sd,
     lse_ptr, l_sb, l_sh, l_st,
@@ -101,13 +110,11 @@ def attention_fwd_persistent_kernel(
 
         row0 = qt * BLOCK_M
         rows = row0 + offs_m
-        qrow = (q_pad + rows).to(tl.int64)
-        hq64 = h.to(tl.int64)
-        q = tl.load(q8_ptr + hq64 * Tq_pad * DP + qrow[:, None] * DP + offs_d[None, :])
-        q_scale = tl.load(q_scale_ptr + hq64 * Tq_pad + qrow)
-
-        k_base = k8_ptr + hk.to(tl.int64) * Tk_pad * DP + k_pad.to(tl.int64) * DP
-        vt_base = v8t_ptr + hk.to(tl.int64) * DP * Tk_pad + k_pad
+        q_row = h * Tq_pad + q_pad + row0  # row of the [H * Tq_pad, DP] q view
+        q = desc_q.load([q_row, 0])
+        q_scale = tl.load(q_scale_ptr + q_row + offs_m)
+        k_row0 = hk * Tk_pad + k_pad  # row of the [Hkv * Tk_pad, DP] k view
+        v_row = hk * DP  # row of the [Hkv * DP, Tk_pad] v^T view
         ks_base = k_scale_ptr + hk * n_kblocks + k_blk
 
         # Blocks before `hi_fast` need no mask: inside the sequence and, when causal, entirely
@@ -123,21 +130,15 @@ def attention_fwd_persistent_kernel(
         for kb in range(kv_lo, hi_fast):
             col0 = kb * BLOCK_N
             acc, l_i, m_i = _attn_block(
-                acc, l_i, m_i, q, q_scale,
-                k_base + (col0 + offs_n)[:, None] * DP + offs_d[None, :],
-                vt_base + offs_d[:, None] * Tk_pad + (col0 + offs_n)[None, :],
-                tl.load(ks_base + kb),
-                col0, rows, k_len, offs_n, Tk_pad,
+                acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
+                k_pad + col0, tl.load(ks_base + kb), col0, rows, k_len, offs_n,
                 False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST,
             )
         for kb in range(hi_fast, kv_hi):
             col0 = kb * BLOCK_N
             acc, l_i, m_i = _attn_block(
-                acc, l_i, m_i, q, q_scale,
-                k_base + (col0 + offs_n)[:, None] * DP + offs_d[None, :],
-                vt_base + offs_d[:, None] * Tk_pad + (col0 + offs_n)[None, :],
-                tl.load(ks_base + kb),
-                col0, rows, k_len, offs_n, Tk_pad,
+                acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
+                k_pad + col0, tl.load(ks_base + kb), col0, rows, k_len, offs_n,
                 True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST,
             )
 
@@ -149,12 +150,13 @@ def attention_fwd_persistent_kernel(
         o = acc * inv_l[:, None] * v_scale[None, :] + v_mean[None, :]
         o = tl.where(empty[:, None], 0.0, o)
         # lse in natural log: (m + log2(l) - P_SHIFT) * ln 2, plus the K-smoothing shift.
-        corr = tl.load(q_lse_corr_ptr + hq64 * Tq_pad + qrow)
+        corr = tl.load(q_lse_corr_ptr + q_row + offs_m)
         lse = (m_i + tl.math.log2(l_i) - 8.0) * 0.6931471805599453 + corr
         lse = tl.where(empty, float("-inf"), lse)
         if slot < 0:
             rmask = rows < q_len
             tok = (q_src + rows).to(tl.int64)
+            hq64 = h.to(tl.int64)
             optr = (
                 out_ptr + b.to(tl.int64) * o_sb + hq64 * o_sh
                 + tok[:, None] * o_st + offs_d[None, :] * o_sd

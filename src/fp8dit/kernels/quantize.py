@@ -91,31 +91,55 @@ def kv_channel_stats_kernel(
 
 
 @triton.jit
-def _reduce_chunks(stats_ptr, base, n, DP: tl.constexpr):
-    """Add up ``n`` chunks of channel statistics starting at ``base`` (fixed order)."""
+def kv_stats_finalize_kernel(
+    stats_ptr, seq_ptr, k_mean_ptr, v_mean_ptr, v_scale_ptr,
+    n_chunks, D,
+    DP: tl.constexpr, CHUNK: tl.constexpr, SMOOTH_K: tl.constexpr, CENTER_V: tl.constexpr,
+):
+    """Per (kv head, sequence): add the chunks up (fixed order) into K's channel mean and V's
+    channel mean and fp8 scale, once, so the quantization programs read one row each."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    Hkv = tl.num_programs(0)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
     offs_d = tl.arange(0, DP)
+    dmask = offs_d < D
     ksum = tl.zeros([DP], dtype=tl.float32)
     vsum = tl.zeros([DP], dtype=tl.float32)
     vmax = tl.full([DP], float("-inf"), dtype=tl.float32)
     vmin = tl.full([DP], float("inf"), dtype=tl.float32)
-    for c in range(0, n):
-        p = stats_ptr + base + c * 4 * DP + offs_d
+    base = stats_ptr + ((b * Hkv + h) * n_chunks) * 4 * DP + offs_d
+    for c in range(0, tl.cdiv(k_len, CHUNK)):
+        p = base + c * 4 * DP
         ksum += tl.load(p)
         vsum += tl.load(p + DP)
         vmax = tl.maximum(vmax, tl.load(p + 2 * DP))
         vmin = tl.minimum(vmin, tl.load(p + 3 * DP))
-    return ksum, vsum, vmax, vmin
+    inv_len = 1.0 / tl.maximum(k_len, 1).to(tl.float32)
+    if SMOOTH_K:
+        k_mean = tl.where(dmask, ksum * inv_len, 0.0)
+    else:
+        k_mean = tl.zeros([DP], dtype=tl.float32)
+    if CENTER_V:
+        v_mean = tl.where(dmask, vsum * inv_len, 0.0)
+    else:
+        v_mean = tl.zeros([DP], dtype=tl.float32)
+    v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
+    v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
+    out = (b * Hkv + h) * DP + offs_d
+    tl.store(k_mean_ptr + out, k_mean)
+    tl.store(v_mean_ptr + out, v_mean)
+    tl.store(v_scale_ptr + out, v_amax / 448.0)
 
 
 @triton.jit
 def quantize_kv_kernel(
-    k_ptr, v_ptr, stats_ptr, seq_ptr,
+    k_ptr, v_ptr, k_mean_ptr, seq_ptr,
     k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr,
     k_sb, k_st, k_sh, k_sd,
     v_sb, v_st, v_sh, v_sd,
-    n_chunks, D, Tk_pad, n_kblocks,
-    DP: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-    SMOOTH_K: tl.constexpr, CENTER_V: tl.constexpr, QK_INT8: tl.constexpr,
+    D, Tk_pad, n_kblocks,
+    DP: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V."""
@@ -131,22 +155,10 @@ def quantize_kv_kernel(
     if blk * BLOCK_N < k_len:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
-        n_valid = tl.cdiv(k_len, CHUNK)
-        ksum, vsum, vmax, vmin = _reduce_chunks(
-            stats_ptr, ((b * Hkv + h) * n_chunks) * 4 * DP, n_valid, DP
-        )
-        inv_len = 1.0 / k_len.to(tl.float32)
-        if SMOOTH_K:
-            k_mean = ksum * inv_len
-        else:
-            k_mean = tl.zeros([DP], dtype=tl.float32)
-        if CENTER_V:
-            v_mean = tl.where(dmask, vsum * inv_len, 0.0)
-        else:
-            v_mean = tl.zeros([DP], dtype=tl.float32)
-        v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
-        v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
-        v_scale = v_amax / 448.0
+        stat = (b * Hkv + h) * DP + offs_d
+        k_mean = tl.load(k_mean_ptr + stat)
+        v_mean = tl.load(v_mean_ptr + stat)
+        v_scale = tl.load(v_scale_ptr + stat)
 
         rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < k_len
@@ -173,22 +185,21 @@ def quantize_kv_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         vc = tl.where(m, (v - v_mean[None, :]) / v_scale[None, :], 0.0)
-        v8 = to_fp8_e4m3(vc, SOFT_FP8_CAST)
+        # Transposed in registers so the store runs along tokens (contiguous in v8t).
+        v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
         tl.store(
-            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + offs_d[None, :] * Tk_pad + prow[:, None], v8
+            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + offs_d[:, None] * Tk_pad + prow[None, :],
+            v8t,
         )
-        if blk == 0:
-            tl.store(v_scale_ptr + (b * Hkv + h) * DP + offs_d, v_scale)
-            tl.store(v_mean_ptr + (b * Hkv + h) * DP + offs_d, v_mean)
 
 
 @triton.jit
 def quantize_q_kernel(
-    q_ptr, stats_ptr, seq_ptr,
+    q_ptr, k_mean_ptr, seq_ptr,
     q8_ptr, q_scale_ptr, q_lse_corr_ptr,
     q_sb, q_st, q_sh, q_sd,
-    n_chunks, D, Tq_pad, group, sm_scale, sm_scale_log2,
-    DP: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    D, Tq_pad, group, sm_scale, sm_scale_log2,
+    DP: tl.constexpr, BLOCK_M: tl.constexpr,
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
@@ -230,10 +241,6 @@ def quantize_q_kernel(
         corr = tl.zeros([BLOCK_M], dtype=tl.float32)
         if SMOOTH_K:
             if k_len > 0:
-                hk = h // group
-                ksum, vsum, vmax, vmin = _reduce_chunks(
-                    stats_ptr, ((b * Hkv + hk) * n_chunks) * 4 * DP, tl.cdiv(k_len, CHUNK), DP
-                )
-                k_mean = ksum / k_len.to(tl.float32)
+                k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
                 corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
         tl.store(q_lse_corr_ptr + hq * Tq_pad + prow, corr)
