@@ -1,0 +1,55 @@
+"""Small odd shapes for compute-sanitizer (memcheck, racecheck) over all fp8dit kernels.
+
+    compute-sanitizer --tool memcheck  python3 benchmarks/gpu_sanitize.py
+    compute-sanitizer --tool racecheck python3 benchmarks/gpu_sanitize.py --quick
+
+Every case also checks the output against fp64, so a silent wrong answer fails here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import fp8dit
+from fp8dit.testing import attention_ref, attention_varlen_ref, error_stats, make_qkv
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer cases (racecheck is slow)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_sanitize: no CUDA GPU here")
+        return 1
+    cases = [(1, 64, None, False), (113, 72, 3, True), (1000, 72, 1, False), (1000, 128, 3, True)]
+    if args.quick:
+        cases = cases[1:3]
+    bad = 0
+    for S, D, splits, causal in cases:
+        q, k, v = make_qkv(1, 3, S, D, device="cuda", seed=S)
+        out = fp8dit.attention(q, k, v, backend="fp8", num_splits=splits, is_causal=causal)
+        st = error_stats(out, attention_ref(q, k, v, is_causal=causal))
+        ok = st.rel_l1 <= 0.07 and not st.nan
+        bad += not ok
+        print(f"dense S={S} D={D} splits={splits} causal={causal}: {st} {'ok' if ok else 'BAD'}")
+    q_lens, k_lens = [113, 0, 300], [200, 17, 0]
+    q = torch.randn(sum(q_lens), 2, 72, device="cuda").bfloat16()
+    k = torch.randn(sum(k_lens), 2, 72, device="cuda").bfloat16()
+    cu_q = torch.tensor([0, 113, 113, 413], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 200, 217, 217], dtype=torch.int32, device="cuda")
+    out = fp8dit.attention_varlen(q, k, k, cu_q, cu_k, 300, 200, backend="fp8", num_splits=3)
+    ref = attention_varlen_ref(q, k, k, cu_q, cu_k)
+    st = error_stats(out, ref)
+    ok = st.rel_l1 <= 0.07 and not st.nan
+    bad += not ok
+    print(f"varlen with empty sequences: {st} {'ok' if ok else 'BAD'}")
+    torch.cuda.synchronize()
+    print(f"{len(cases) + 1 - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
