@@ -149,10 +149,20 @@ def fp8dit_attention(
                       return_lse)
 
 
+def _wait_collectives(*tensors):
+    # Ring attention hands over key/value as views of an all-gather that may still be in flight
+    # (torch's AsyncCollectiveTensor). A torch op waits on first use; the eager Triton launch
+    # bypasses torch's dispatcher and would read the raw buffer (on CPU: no storage at all).
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return tuple(t.wait() if isinstance(t, AsyncCollectiveTensor) else t for t in tensors)
+
+
 def _cp_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                    scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
                    _parallel_config=None):
     # Forward only, so nothing is saved on ctx for a backward.
+    query, key, value = _wait_collectives(query, key, value)
     return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       return_lse)
 

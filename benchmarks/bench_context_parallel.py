@@ -1,0 +1,336 @@
+"""Wan2.2-A14B transformer forward on 2 GPUs: fp8dit under diffusers' Ulysses and ring attention.
+
+Run with one process per GPU::
+
+    torchrun --nproc-per-node 2 benchmarks/bench_context_parallel.py --layers 2
+
+diffusers' ``WanTransformer3DModel`` at the A14B width (40 heads x 128, ffn 13824, text 4096;
+``fp8dit.demo.PRESETS``) with ``--layers`` blocks and seeded random weights, on 720p 81-frame
+latents (75,600 tokens) or 480p. Every rank builds the same model and gets rank 0's inputs. Rows:
+
+* ``single``: each GPU runs the whole forward alone (no collectives): fp8dit, and bf16 through
+  diffusers' ``_native_cudnn`` backend (cuDNN SDPA), the accuracy reference;
+* ``ulysses`` / ``ring``: ``model.enable_parallelism(config=ContextParallelConfig(
+  ulysses_degree=2))`` or ``(ring_degree=2)`` on a fresh copy, fp8dit (and bf16 cuDNN for
+  comparison); each rank computes half the tokens, diffusers gathers the output on every rank.
+
+Each row: median and min of ``--repeats`` CUDA-event-timed forwards after ``--warmup`` untimed
+ones, all ranks released together by a barrier before each; a context-parallel row's time is the
+slower rank's. Accuracy on rank 0's gathered output: cosine and rel-L1 against the single-GPU
+fp8dit and bf16 forwards (targets: >= 0.999 and >= 0.995); speed-up against the single-GPU
+forward of the same backend measured in this run (fp8dit target 1.8x); which backend each
+attention call of the first forward ran (a silent SDPA fallback shows). Rows are appended to
+``benchmarks/results/<gpu>-context-parallel.json``; a table is printed last. Exit status 1 when a
+row failed, produced NaN or missed an accuracy target (a missed speed target is reported only).
+
+NCCL's NVLink multicast (NVLS) and symmetric-memory multicast stay off: the script sets
+``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` unless they are set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORLD = 2
+COS_VS_SINGLE_FP8DIT = 0.999
+COS_VS_BF16 = 0.995
+SPEEDUP_TARGET = 1.8
+BACKENDS = {"fp8dit": "fp8dit", "bf16": "_native_cudnn"}  # row name -> diffusers backend
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+COMMAND = "torchrun --nproc-per-node 2 benchmarks/bench_context_parallel.py"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolution", choices=("720p", "480p"), default="720p")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks (A14B has 40)")
+    p.add_argument("--repeats", type=int, default=5, help="timed forwards per row")
+    p.add_argument("--warmup", type=int, default=2, help="untimed forwards before timing")
+    p.add_argument("--modes", default="ulysses,ring",
+                   help="context-parallel modes, comma-separated (default ulysses,ring)")
+    p.add_argument("--no-bf16-cp", action="store_true",
+                   help="skip the bf16 cuDNN context-parallel rows (the single-GPU bf16 row "
+                        "stays: it is the accuracy reference)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None,
+                   help="JSON file (default results/<gpu>-context-parallel.json)")
+    args = p.parse_args(argv)
+    for name in ("layers", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}: expected an integer of at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup: expected an integer of at least 0, got {args.warmup}")
+    args.modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in args.modes if m not in ("ulysses", "ring")]
+    if bad or not args.modes:
+        p.error(f"--modes: expected a comma-separated subset of ulysses,ring, "
+                f"got {bad or '(none)'}")
+    return args
+
+
+def _say(msg: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def _warning_once_shim() -> None:
+    # diffusers 0.42's context-parallel hook calls logger.warning_once when an input is not split
+    # (Wan's 1-D timestep); that method exists only once transformers is imported.
+    import diffusers.hooks.context_parallel as hooks
+
+    if not hasattr(hooks.logger, "warning_once"):
+        hooks.logger.warning_once = functools.lru_cache(None)(hooks.logger.warning)
+
+
+def time_ms(fn, warmup: int, repeats: int) -> tuple[float, float]:
+    """Median and min of CUDA-event times; ranks start each forward together."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), min(times)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        _say("bench_context_parallel: needs CUDA GPUs; torch sees none (nothing measured)")
+        return 2
+    if os.environ.get("WORLD_SIZE") != str(WORLD) or "LOCAL_RANK" not in os.environ:
+        _say(f"bench_context_parallel: run {WORLD} processes with torchrun: {COMMAND} "
+             f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')})")
+        return 2
+    if torch.cuda.device_count() < WORLD:
+        _say(f"bench_context_parallel: needs {WORLD} GPUs, torch sees "
+             f"{torch.cuda.device_count()}")
+        return 2
+    for name, value in MULTICAST_OFF.items():  # before NCCL's first communicator
+        os.environ.setdefault(name, value)
+
+    import torch.distributed as dist
+
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(minutes=5))
+    try:
+        return run(args, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _nccl_version() -> str:
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _build(preset, args, device, backend, mode):
+    """The model with rank 0's weights, on ``backend``, context-parallel unless ``single``."""
+    import torch.distributed as dist
+    from diffusers import ContextParallelConfig
+
+    from fp8dit.demo import build_model
+
+    model = build_model(preset, args.layers, args.seed, device)
+    for t in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(t.data, src=0)  # seeded init agrees anyway; this makes sure
+    model.set_attention_backend(backend)
+    if mode != "single":
+        model.enable_parallelism(config=ContextParallelConfig(**{f"{mode}_degree": WORLD}))
+    return model
+
+
+def run(args, device) -> int:
+    import diffusers
+    import torch.distributed as dist
+    import triton
+
+    import fp8dit
+    from fp8dit.demo import PRESETS
+    from fp8dit.integrations import diffusers as fd
+    from fp8dit.testing import error_stats
+
+    _warning_once_shim()
+    fd.register()
+    rank = dist.get_rank()
+    preset = PRESETS[f"wan2.2-a14b-{args.resolution}"]
+    cfg = preset["config"]
+    frames, height, width = preset["latent"]
+    tokens = frames * (height // 2) * (width // 2)
+    gpu = torch.cuda.get_device_name(device)
+    _say(f"{WORLD} x {gpu}: Wan2.2-A14B transformer, {args.layers} blocks, {args.resolution} "
+         f"({tokens} tokens), bf16; torch {torch.__version__}, triton {triton.__version__}, "
+         f"diffusers {diffusers.__version__}, fp8dit {fp8dit.__version__}, NCCL "
+         f"{_nccl_version()}; " + " ".join(f"{k}={os.environ[k]}" for k in MULTICAST_OFF))
+
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    inputs = dict(
+        hidden_states=torch.randn((1, cfg["in_channels"], frames, height, width),
+                                  generator=gen, device=device).to(torch.bfloat16),
+        timestep=torch.full((1,), 500.0, device=device),
+        encoder_hidden_states=torch.randn((1, preset["text_len"], cfg["text_dim"]),
+                                          generator=gen, device=device).to(torch.bfloat16),
+    )
+    for t in inputs.values():  # every rank gets rank 0's inputs
+        dist.broadcast(t, src=0)
+
+    common = dict(
+        gpu=gpu, world_size=WORLD, torch=torch.__version__, triton=triton.__version__,
+        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__, nccl=_nccl_version(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
+        heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
+        repeats=args.repeats, warmup=args.warmup,
+        **{k.lower(): os.environ[k] for k in MULTICAST_OFF},
+    )
+    # The single-GPU rows come first: they are the references of the others.
+    plan = [("single", "bf16"), ("single", "fp8dit")]
+    for mode in args.modes:
+        plan += [(mode, "fp8dit")] + ([] if args.no_bf16_cp else [(mode, "bf16")])
+
+    rows, refs = [], {}
+    with torch.no_grad():
+        for mode, name in plan:
+            row = dict(common, mode=mode, backend=name, diffusers_backend=BACKENDS[name])
+            model = call = out = None
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            dist.barrier()
+            t0 = time.perf_counter()
+            try:
+                model = _build(preset, args, device, BACKENDS[name], mode)
+
+                def call(model=model):
+                    return model(**inputs, return_dict=False)[0]
+
+                with fd.record_calls() as calls:
+                    out = call()  # first forward: Triton compiles, plans are cached
+                torch.cuda.synchronize()
+                row["setup_s"] = round(time.perf_counter() - t0, 2)
+                if name == "fp8dit":
+                    row["attention_calls"] = {b: sum(c["backend"] == b for c in calls)
+                                              for b in sorted({c["backend"] for c in calls})}
+                median, low = time_ms(call, args.warmup, args.repeats)
+                agree = True
+                if mode != "single":  # diffusers gathered the output on every rank
+                    other = out.clone()
+                    dist.broadcast(other, src=0)
+                    agree = bool(torch.equal(other, out))
+            except Exception as e:  # a failed row is a result, not a crash
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                traceback.print_exc()
+                rows.append(row)
+                _say(f"  {mode:8s} {name:7s} FAILED: {row['error']}")
+                model = call = out = None
+                continue
+            # A context-parallel step takes as long as its slower rank; a single row ran on each
+            # GPU alone (at the same time), reported the same way.
+            per_rank = [None] * WORLD
+            peak = torch.cuda.max_memory_allocated(device)
+            dist.all_gather_object(per_rank, (median, low, peak, agree))
+            row["ms_median_per_rank"] = [round(m[0], 2) for m in per_rank]
+            row["ms_median"] = max(m[0] for m in per_rank)
+            row["ms_min"] = max(m[1] for m in per_rank)
+            row["peak_mem_gib"] = round(max(m[2] for m in per_rank) / 2**30, 2)
+            if mode != "single":
+                row["ranks_agree"] = all(m[3] for m in per_rank)
+            for ref_name, key in (("fp8dit", "single_fp8dit"), ("bf16", "bf16")):
+                if ref_name in refs:
+                    stats = error_stats(out, refs[ref_name])
+                    row[f"cos_vs_{key}"] = stats.cos
+                    row[f"rel_l1_vs_{key}"] = stats.rel_l1
+                    row["nan"] = row.get("nan", False) or stats.nan
+            if mode == "single":
+                refs[name] = out.detach().clone()
+            rows.append(row)
+            _say(f"  {mode:8s} {name:7s} {row['ms_median']:9.1f} ms  "
+                 f"cos vs bf16 {row.get('cos_vs_bf16', float('nan')):.6f}  "
+                 f"peak {row['peak_mem_gib']} GiB  calls {row.get('attention_calls', '-')}")
+            model = call = out = None
+
+    by_key = {(r["mode"], r["backend"]): r for r in rows}
+    for r in rows:
+        if r["mode"] == "single" or "error" in r:
+            continue
+        single = by_key.get(("single", r["backend"]))
+        if single and "ms_median" in single:
+            r["speedup_vs_single"] = round(single["ms_median"] / r["ms_median"], 3)
+            if r["backend"] == "fp8dit":
+                r["speedup_target"] = SPEEDUP_TARGET
+                r["speedup_target_met"] = r["speedup_vs_single"] >= SPEEDUP_TARGET
+        if r["backend"] == "fp8dit":
+            r["accuracy_ok"] = bool(
+                not r.get("nan") and r.get("ranks_agree")
+                and r.get("cos_vs_single_fp8dit", 0) >= COS_VS_SINGLE_FP8DIT
+                and r.get("cos_vs_bf16", 0) >= COS_VS_BF16
+                and set(r.get("attention_calls", {})) == {"fp8"})
+    if rank == 0:
+        _write(rows, gpu, args.out)
+        _table(rows)
+    failed = any("error" in r or r.get("nan") or r.get("accuracy_ok") is False for r in rows)
+    return 1 if failed else 0
+
+
+def _write(rows, gpu, out):
+    out_path = Path(out) if out else RESULTS / (
+        re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-context-parallel.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    previous = []
+    if out_path.exists():
+        try:
+            previous = json.loads(out_path.read_text())
+        except json.JSONDecodeError:
+            print(f"note: {out_path} is not valid JSON; starting a new list")
+        if not isinstance(previous, list):
+            previous = []
+    out_path.write_text(json.dumps(previous + rows, indent=1) + "\n")
+    print(f"\nwrote {len(rows)} rows to {out_path}")
+
+
+def _table(rows):
+    def cos(r, key):
+        return f"{r[key]:.6f}" if key in r else "-"
+
+    print(f"\n{'mode':8s} {'backend':8s} {'median ms':>10s} {'min ms':>9s} {'speed-up':>9s} "
+          f"{'cos vs 1-GPU fp8dit':>20s} {'cos vs bf16':>12s} {'peak GiB':>9s}  status")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:8s} {r['backend']:8s} failed: {r['error']}")
+            continue
+        speed = f"{r['speedup_vs_single']:.2f}x" if "speedup_vs_single" in r else "-"
+        status = []
+        if "accuracy_ok" in r:
+            status.append("accuracy ok" if r["accuracy_ok"] else "ACCURACY MISSED")
+        if "speedup_target_met" in r:
+            status.append(f"speed-up {'>=' if r['speedup_target_met'] else 'BELOW'} "
+                          f"{SPEEDUP_TARGET}x")
+        print(f"{r['mode']:8s} {r['backend']:8s} {r['ms_median']:10.1f} {r['ms_min']:9.1f} "
+              f"{speed:>9s} {cos(r, 'cos_vs_single_fp8dit'):>20s} {cos(r, 'cos_vs_bf16'):>12s} "
+              f"{r['peak_mem_gib']:9.2f}  " + ", ".join(status))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
