@@ -166,16 +166,17 @@ def emulation_rel_l1(recipe: str, q, k, v, ref_out) -> float | None:
     Computed one kv head (and its q heads) at a time; ``None`` when that is still too large.
     """
     from .recipes import RECIPES
-    from .testing import attention_emulated, error_stats
+    from .testing import attention_emulated, error_stats, tensor_abs_max
 
     B, Sq, H, _ = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     g = H // Hkv
     if recipe not in RECIPES or B * g * Sq * Sk > EMULATION_MAX:
         return None
+    amax = tensor_abs_max(q, k, v)  # per-tensor recipes scale by the whole tensors, not a slice
     outs = [
         attention_emulated(q[:, :, j * g:(j + 1) * g], k[:, :, j:j + 1], v[:, :, j:j + 1],
-                           RECIPES[recipe], layout="NHD")
+                           RECIPES[recipe], layout="NHD", tensor_amax=amax)
         for j in range(Hkv)
     ]
     return error_stats(torch.cat(outs, dim=2), ref_out).rel_l1

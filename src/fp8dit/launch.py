@@ -18,8 +18,10 @@ from . import env
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import (
     N_STATS,
+    abs_max_finalize_kernel,
     kv_channel_stats_kernel,
     kv_stats_finalize_kernel,
+    qkv_abs_max_kernel,
     quantize_kv_kernel,
     quantize_q_kernel,
 )
@@ -90,12 +92,13 @@ class Workspace:
     q_corr: torch.Tensor  # [H, Tq_pad] fp32, K-smoothing shift of the LSE
     k8: torch.Tensor  # [Hkv, Tk_pad, Dp]
     k_scale: torch.Tensor  # [Hkv, n_kblocks] fp32
-    v8t: torch.Tensor  # [Hkv, Dp, Tk_pad] fp8 (transposed)
+    v8t: torch.Tensor  # [Hkv, Dp, Tk_pad] fp8, or bf16 when pv_bf16 (transposed)
     v_scale: torch.Tensor  # [B, Hkv, Dp] fp32
     v_mean: torch.Tensor  # [B, Hkv, Dp] fp32
     part_o: torch.Tensor  # [n_partials, BLOCK_M, Dp] fp32
     part_lse: torch.Tensor  # [n_partials, BLOCK_M] fp32
     qk_int8: bool
+    pv_bf16: bool = False
 
     def nbytes(self) -> int:
         return sum(
@@ -113,6 +116,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     soft = env.triton_interpret()
     qk_int8 = recipe.qk == "int8"
+    pv_bf16 = recipe.pv == "bf16"
+    tensor_scales = recipe.scales == "tensor"
     tabs = plan.tables(dev)
     f32 = torch.float32
     qk_dtype = torch.int8 if qk_int8 else FP8
@@ -122,38 +127,65 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         q_corr=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
         k8=torch.empty(Hkv, plan.k_total_padded, Dp, device=dev, dtype=qk_dtype),
         k_scale=torch.empty(Hkv, max(plan.n_kblocks, 1), device=dev, dtype=f32),
-        v8t=torch.empty(Hkv, Dp, plan.k_total_padded, device=dev, dtype=FP8),
+        v8t=torch.empty(Hkv, Dp, plan.k_total_padded, device=dev,
+                        dtype=torch.bfloat16 if pv_bf16 else FP8),
         v_scale=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
         v_mean=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
         part_o=torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32),
         part_lse=torch.empty(max(plan.n_partials, 1), BM, device=dev, dtype=f32),
         qk_int8=qk_int8,
+        pv_bf16=pv_bf16,
     )
     stats = torch.empty(B, Hkv, max(plan.n_chunks, 1), N_STATS, Dp, device=dev, dtype=f32)
     k_mean = torch.zeros(B, Hkv, Dp, device=dev, dtype=f32)
+    # amax[0:3] = tensor-wide max |q|, |k|, |v|; read only with TENSOR_SCALES.
+    amax = torch.empty(3, device=dev, dtype=f32)
+    if tensor_scales:
+        _tensor_abs_max(plan, q, q_strides, k, k_strides, v, v_strides, tabs, amax)
     if plan.n_chunks:
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             DP=Dp, CHUNK=STATS_CHUNK, SUB=64, num_warps=4,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
-            stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, plan.n_chunks, D,
+            stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
             DP=Dp, CHUNK=STATS_CHUNK, SMOOTH_K=recipe.smooth_k, CENTER_V=recipe.center_v,
-            num_warps=4,
+            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
         quantize_kv_kernel[(plan.max_k_blocks, Hkv, B)](
-            k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean,
+            k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
             *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
-            DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft, num_warps=4,
+            DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
+            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
-            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, *q_strides,
+            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM, SMOOTH_K=recipe.smooth_k,
-            QK_INT8=qk_int8, SOFT_FP8_CAST=soft, num_warps=4,
+            QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales, num_warps=4,
         )
     return ws
+
+
+def _tensor_abs_max(plan: Plan, q, q_strides, k, k_strides, v, v_strides, tabs, amax) -> None:
+    """amax[0:3] = the largest finite |q|, |k|, |v| over all tokens, heads and sequences.
+
+    Only the per-tensor baseline recipe runs this (two small launches and a partial buffer of
+    3 * B * H * chunks floats); the default recipe's scales come out of its quantization passes.
+    """
+    key = plan.key
+    B, H, Hkv = len(key.q_lens), key.num_heads, key.num_kv_heads
+    n_chunks = max(1, -(-max(*key.q_lens, *key.k_lens) // STATS_CHUNK))
+    part = torch.empty(3, B, H, n_chunks, device=amax.device, dtype=torch.float32)
+    qkv_abs_max_kernel[(n_chunks, H, B)](
+        q, k, v, tabs["seq"], part, *q_strides, *k_strides, *v_strides,
+        key.head_dim, n_chunks, H // Hkv,
+        # 2048-element tiles (16 per thread): larger ones spill on sm_90 (compiled, not run).
+        DP=plan.head_dim_padded, CHUNK=STATS_CHUNK, SUB=2048 // plan.head_dim_padded,
+        num_warps=4,
+    )
+    abs_max_finalize_kernel[(3,)](part, amax, B * H * n_chunks, BLOCK=1024, num_warps=4)
 
 
 def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
@@ -173,8 +205,8 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
             D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
-            SOFT_FP8_CAST=env.triton_interpret(),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
+            num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
         )
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
@@ -182,6 +214,15 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             out, *out_strides, lse, *lse_strides, D,
             DP=Dp, BLOCK_M=BM, num_warps=8,
         )
+
+
+def _num_stages(cfg: dict, ws: Workspace) -> int:
+    # bf16 V doubles the V tile: at 64x128 tiles, D128 and 3 stages that is ~152 KB of shared
+    # memory per program, too much for the two programs per SM the tiles were tuned with. Two
+    # stages bring it back to the default recipe's ~104 KB. Not measured on a GPU yet.
+    if ws.pv_bf16 and cfg["programs_per_sm"] > 1:
+        return min(cfg["num_stages"], 2)
+    return cfg["num_stages"]
 
 
 def launch_fp8_attention(

@@ -19,6 +19,7 @@ __all__ = [
     "attention_emulated",
     "error_stats_per_head",
     "make_qkv",
+    "tensor_abs_max",
     "FAMILIES",
 ]
 
@@ -230,14 +231,24 @@ def _int8_round(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5)).clamp(-127, 127)
 
 
+def tensor_abs_max(*tensors) -> tuple[float, ...]:
+    """Largest |x| of each tensor (the per-tensor recipe's amax), as the kernels floor it."""
+    return tuple(max(float(t.float().abs().amax()), 1e-8) for t in tensors)
+
+
 def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | None = None,
-                       is_causal: bool = False, block_n: int = 128):
+                       is_causal: bool = False, block_n: int = 128,
+                       tensor_amax: tuple[float, float, float] | None = None):
     """The recipe's quantization done in torch (fp32 math), attention in float64.
 
     It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
-    after smoothing, per-channel V after centering, P scaled to [0, 256] in fp8), but uses
-    the exact row max instead of the kernel's running max. Kernel error should sit within a
-    small factor of this emulation's error: anything more is a bug, not precision.
+    after smoothing, per-channel V after centering, P scaled to [0, 256] in fp8; one scale per
+    tensor for ``scales="tensor"``; P and V in bf16 for ``pv="bf16"``), but uses the exact row
+    max instead of the kernel's running max. Kernel error should sit within a small factor of
+    this emulation's error: anything more is a bug, not precision.
+
+    ``tensor_amax``: (max|q|, max|k|, max|v|) of the whole tensors when q, k, v are slices of
+    them (per-tensor recipes only; default: computed from q, k, v).
     """
     qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
     B, H, Sq, D = qh.shape
@@ -246,19 +257,36 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         scale = 1.0 / math.sqrt(D)
     qmax = 127.0 if recipe.qk == "int8" else 448.0
     rnd = _int8_round if recipe.qk == "int8" else _fp8_round
+    per_tensor = getattr(recipe, "scales", "fine") == "tensor"
+    pv_bf16 = getattr(recipe, "pv", "fp8") == "bf16"
+    if per_tensor:
+        qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
     if recipe.smooth_k:
         kh = kh - kh.mean(dim=2, keepdim=True)
-    qs = qh.abs().amax(-1, keepdim=True).clamp_min(1e-8) / qmax
+    if per_tensor:
+        qs = torch.tensor(qa / qmax)
+    else:
+        qs = qh.abs().amax(-1, keepdim=True).clamp_min(1e-8) / qmax
     q_dq = rnd(qh / qs) * qs
-    nb = -(-Sk // block_n)
-    kpad = torch.nn.functional.pad(kh, (0, 0, 0, nb * block_n - Sk))
-    kb = kpad.view(B, Hkv, nb, block_n, D)
-    ks = kb.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-8) / qmax
-    k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, D)[:, :, :Sk]
+    if per_tensor:
+        ks = torch.tensor(ka / qmax)
+        k_dq = rnd(kh / ks) * ks
+    else:
+        nb = -(-Sk // block_n)
+        kpad = torch.nn.functional.pad(kh, (0, 0, 0, nb * block_n - Sk))
+        kb = kpad.view(B, Hkv, nb, block_n, D)
+        ks = kb.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-8) / qmax
+        k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, D)[:, :, :Sk]
     v_mean = vh.mean(dim=2, keepdim=True) if recipe.center_v else torch.zeros_like(vh[:, :, :1])
     vc = vh - v_mean
-    vs = vc.abs().amax(dim=2, keepdim=True).clamp_min(1e-8) / 448.0
-    v_dq = _fp8_round(vc / vs) * vs
+    if pv_bf16:
+        v_dq = vc.to(torch.bfloat16).float()
+    else:
+        if per_tensor:
+            vs = torch.tensor(va / 448.0)
+        else:
+            vs = vc.abs().amax(dim=2, keepdim=True).clamp_min(1e-8) / 448.0
+        v_dq = _fp8_round(vc / vs) * vs
     g = H // Hkv
     k_dq = k_dq.repeat_interleave(g, 1).double()
     v_dq = v_dq.repeat_interleave(g, 1).double()
@@ -269,6 +297,6 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         s = s.masked_fill(cols > rows, float("-inf"))
     m = s.amax(-1, keepdim=True)
     p = torch.exp(s - m) * 256.0
-    p8 = _fp8_round(p.float()).double()
+    p8 = (p.float().to(torch.bfloat16) if pv_bf16 else _fp8_round(p.float())).double()
     out = torch.matmul(p8, v_dq) / p.sum(-1, keepdim=True) + v_mean.repeat_interleave(g, 1)
     return out.transpose(1, 2) if layout == "NHD" else out

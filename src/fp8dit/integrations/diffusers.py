@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..api import attention, select_backend
+from ..recipes import get_recipe
 
 BACKEND_NAME = "fp8dit"
 _MEMBER_NAME = "FP8DIT"
@@ -52,6 +53,7 @@ _FORWARD_OP_PARAMS = ("ctx", "query", "key", "value", "attn_mask", "dropout_p", 
 logger = logging.getLogger("fp8dit")
 _logged: set[str] = set()
 _records: list[dict] | None = None
+_recipe: str | None = None  # recipe of every FP8 call (set_recipe); None: FP8DIT_RECIPE or default
 _previous_active = None  # diffusers' active backend before enable() first changed it
 _activate_after_register = False  # DIFFUSERS_ATTN_BACKEND=fp8dit was deferred by _dispatch()
 
@@ -99,9 +101,10 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if _records is not None:
         name, why = select_backend(query, key, value, is_causal=is_causal, layout="NHD")
-        _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape)))
+        _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape),
+                             recipe=get_recipe(_recipe).name if name == "fp8" else None))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
-                    return_lse=return_lse)
+                    return_lse=return_lse, recipe=_recipe)
     if return_lse:
         out, lse = out
         return out, lse.transpose(1, 2).contiguous()  # fp8dit [B, H, S] -> diffusers [B, S, H]
@@ -174,10 +177,21 @@ def _cp_backward_op(ctx, grad_out, *args, **kwargs):
     )
 
 
+def set_recipe(name: str | None) -> None:
+    """Accuracy recipe of every call of the ``"fp8dit"`` backend, process-wide.
+
+    ``name`` is a key of ``fp8dit.recipes.RECIPES``; ``None`` restores ``FP8DIT_RECIPE`` or the
+    default. :func:`enable` calls it with ``policy.recipe`` when the policy has one.
+    """
+    global _recipe
+    _recipe = None if name is None else get_recipe(name).name  # raises on an unknown name
+
+
 @contextlib.contextmanager
 def record_calls():
     """Collect one dict per call of the backend: ``backend`` ("fp8" or "sdpa"), ``reason``,
-    ``q`` and ``k`` shapes. For inspection (``fp8dit demo``); it adds a dispatch check per call.
+    ``q`` and ``k`` shapes, ``recipe`` (FP8 calls). For inspection (``fp8dit demo``); it adds a
+    dispatch check per call.
 
     Example
     -------
@@ -352,11 +366,13 @@ def enable(pipe_or_model, policy=None):
         expert). A model: the model itself. Calls diffusers' ``set_attention_backend("fp8dit")``,
         which also makes ``"fp8dit"`` diffusers' active backend (:func:`disable` undoes both).
     policy : object, optional
-        Per-layer choice, asked once per attention layer here (there is no per-step hook yet):
+        Per-layer choice, asked once per attention layer here (per-step switching: see
+        :class:`fp8dit.guard.QualityPolicy`):
         ``policy.backend_for(layer_name) -> str`` returns a diffusers backend name for the layer
         (``"fp8dit"``, ``"native"``, ...); ``layer_name`` is the module path, prefixed with the
         pipeline attribute for a pipeline (``"transformer.blocks.0.attn1"``). ``None``: all layers
-        use fp8dit.
+        use fp8dit. A ``policy.recipe`` that is not ``None`` goes to :func:`set_recipe`.
+        :class:`fp8dit.guard.QualityPolicy` is such a policy, with per-step switching.
 
     Returns
     -------
@@ -373,6 +389,8 @@ def enable(pipe_or_model, policy=None):
             f"got {type(policy).__name__}"
         )
     models = _models(pipe_or_model)
+    if getattr(policy, "recipe", None) is not None:
+        set_recipe(policy.recipe)
     member = register()
     dispatch = sys.modules[_DISPATCH]
     names = dispatch.AttentionBackendName
@@ -397,14 +415,16 @@ def enable(pipe_or_model, policy=None):
 
 
 def disable(pipe_or_model):
-    """Undo :func:`enable`: layers back to diffusers' active backend, which is restored too.
+    """Undo :func:`enable`: layers back to diffusers' active backend, which is restored too, and
+    the recipe back to the default (:func:`set_recipe`).
 
     diffusers' own ``reset_attention_backend`` leaves ``"fp8dit"`` active globally (its
     ``set_attention_backend`` sets both), so the layers would still run fp8dit.
     """
-    global _previous_active
+    global _previous_active, _recipe
     models = _models(pipe_or_model)
     dispatch = _dispatch()
+    _recipe = None
     for _, model in models:
         model.reset_attention_backend()
     registry = dispatch._AttentionBackendRegistry

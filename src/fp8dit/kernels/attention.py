@@ -13,12 +13,16 @@ Inner loop per kv block (scores kept in log2 units, scales folded):
     t = s * (q_scale[row] * k_scale[block])  q_scale already holds softmax_scale * log2(e)
     p = exp2(t - m + P_SHIFT)               P in [0, 2^P_SHIFT]: uses fp8's range, not just [0,1]
     acc = acc * alpha + dot(fp8(p), v8)      two-level: each block's PV starts from zero in fp32
+
+``PV_BF16`` (recipe ``int8qk-bf16pv``): P is rounded to bf16 instead of fp8 and V arrives in
+bf16 (same transposed layout), so the PV dot is bf16 x bf16 -> fp32; the default compiles as
+before.
 """
 
 import triton
 import triton.language as tl
 
-from .common import to_fp8_e4m3
+from .common import to_bf16, to_fp8_e4m3
 
 # Work-item fields (int32 columns of the plan's work table).
 W_SEQ = 0
@@ -45,7 +49,7 @@ def _attn_block(
     acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row, v_row, v_col, k_scale,
     kv_col0, rows, k_len, offs_n,
     MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr,
-    SOFT_FP8_CAST: tl.constexpr,
+    SOFT_FP8_CAST: tl.constexpr, PV_BF16: tl.constexpr,
 ):
     k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
     if QK_INT8:
@@ -67,9 +71,19 @@ def _attn_block(
     alpha = tl.math.exp2(m_i - m_ref)
     p = tl.math.exp2(s * c[:, None] - (m_ref - 8.0)[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    p8 = to_fp8_e4m3(p, SOFT_FP8_CAST)
-    vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
-    pv = tl.dot(p8, vt.T)
+    if PV_BF16:
+        p16 = to_bf16(p, SOFT_FP8_CAST)
+        vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] bf16
+        if SOFT_FP8_CAST:
+            # Triton's interpreter multiplies bf16 operands as their raw uint16 bits; in fp32
+            # the products of bf16 values are exact, so this is the same dot.
+            pv = tl.dot(p16.to(tl.float32), vt.to(tl.float32).T)
+        else:
+            pv = tl.dot(p16, vt.T)
+    else:
+        p8 = to_fp8_e4m3(p, SOFT_FP8_CAST)
+        vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
+        pv = tl.dot(p8, vt.T)
     acc = acc * alpha[:, None] + pv
     return acc, l_i, m_new
 
@@ -85,6 +99,7 @@ def attention_fwd_persistent_kernel(
     D, Tq_pad, Tk_pad, n_kblocks, group, Hkv,
     DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
+    PV_BF16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     w_begin = tl.load(work_indptr_ptr + pid)
@@ -132,14 +147,14 @@ def attention_fwd_persistent_kernel(
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), col0, rows, k_len, offs_n,
-                False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST,
+                False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16,
             )
         for kb in range(hi_fast, kv_hi):
             col0 = kb * BLOCK_N
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), col0, rows, k_len, offs_n,
-                True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST,
+                True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16,
             )
 
         vbase = (b * Hkv + hk) * DP

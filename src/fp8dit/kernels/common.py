@@ -40,6 +40,21 @@ def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr):
 
 
 @triton.jit
+def to_bf16(x, SOFT_CAST: tl.constexpr):
+    """Round-to-nearest-even cast of fp32 to bfloat16.
+
+    ``SOFT_CAST`` (the interpreter only): its fp32->bf16 conversion truncates, so round in the
+    fp32 bits first (add half an ulp of bf16, ties to even, clear the low 16 bits); NaN is kept
+    as is (the add could carry a NaN payload into inf). The GPU's cvt.rn.bf16.f32 needs none.
+    """
+    if SOFT_CAST:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+        x = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
 def finite_or(x, fill):
     """``x`` where finite, else ``fill``: keeps one bad element from poisoning a shared scale."""
     return tl.where((x == x) & (tl.abs(x) < float("inf")), x, fill)

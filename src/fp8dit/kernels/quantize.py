@@ -15,12 +15,17 @@ Recipe (the default, see ``fp8dit.recipes``):
   block's scores).
 - V: optional per-channel mean removal (added back after PV), then one fp8 scale per channel;
   stored transposed ([head, channel, token]) because fp8 wgmma wants V K-major.
+
+Other recipes switch parts of this with constexpr flags (the default compiles as before):
+``PV_BF16`` stores V in bf16 without a scale (same transposed layout); ``TENSOR_SCALES`` takes
+one scale per tensor for Q, K and V from :func:`qkv_abs_max_kernel` +
+:func:`abs_max_finalize_kernel` (the per-tensor baseline).
 """
 
 import triton
 import triton.language as tl
 
-from .common import finite_or, quantize_tile, to_fp8_e4m3
+from .common import finite_or, quantize_tile, to_bf16, to_fp8_e4m3
 
 # Columns of the plan's int32 ``seq`` table.
 SEQ_Q_LEN = 0
@@ -92,12 +97,16 @@ def kv_channel_stats_kernel(
 
 @triton.jit
 def kv_stats_finalize_kernel(
-    stats_ptr, seq_ptr, k_mean_ptr, v_mean_ptr, v_scale_ptr,
+    stats_ptr, seq_ptr, k_mean_ptr, v_mean_ptr, v_scale_ptr, amax_ptr,
     n_chunks, D,
     DP: tl.constexpr, CHUNK: tl.constexpr, SMOOTH_K: tl.constexpr, CENTER_V: tl.constexpr,
+    TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
 ):
     """Per (kv head, sequence): add the chunks up (fixed order) into K's channel mean and V's
-    channel mean and fp8 scale, once, so the quantization programs read one row each."""
+    channel mean and fp8 scale, once, so the quantization programs read one row each.
+
+    ``PV_BF16``: V's scale is 1 (bf16 V is not scaled). ``TENSOR_SCALES``: V's scale is V's
+    tensor-wide amax (``amax_ptr[2]``) / 448 in every channel."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     Hkv = tl.num_programs(0)
@@ -124,25 +133,35 @@ def kv_stats_finalize_kernel(
         v_mean = tl.where(dmask, vsum * inv_len, 0.0)
     else:
         v_mean = tl.zeros([DP], dtype=tl.float32)
-    v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
-    v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
+    if PV_BF16:
+        v_scale = tl.full([DP], 1.0, dtype=tl.float32)
+    elif TENSOR_SCALES:
+        v_scale = tl.zeros([DP], dtype=tl.float32) + tl.load(amax_ptr + 2) / 448.0
+    else:
+        v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
+        v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
+        v_scale = v_amax / 448.0
     out = (b * Hkv + h) * DP + offs_d
     tl.store(k_mean_ptr + out, k_mean)
     tl.store(v_mean_ptr + out, v_mean)
-    tl.store(v_scale_ptr + out, v_amax / 448.0)
+    tl.store(v_scale_ptr + out, v_scale)
 
 
 @triton.jit
 def quantize_kv_kernel(
     k_ptr, v_ptr, k_mean_ptr, seq_ptr,
-    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr,
+    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr, amax_ptr,
     k_sb, k_st, k_sh, k_sd,
     v_sb, v_st, v_sh, v_sd,
     D, Tk_pad, n_kblocks,
     DP: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
-    SOFT_FP8_CAST: tl.constexpr,
+    SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
 ):
-    """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V."""
+    """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
+
+    ``TENSOR_SCALES``: K's scale is its tensor-wide amax (``amax_ptr[1]``) instead of the
+    block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
+    """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     blk = tl.program_id(0)
     h = tl.program_id(1)
@@ -170,8 +189,11 @@ def quantize_kv_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         ks = tl.where(m, k - k_mean[None, :], 0.0)
-        k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
-        k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+        if TENSOR_SCALES:
+            k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
+        else:
+            k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
+            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
         k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
         n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
@@ -184,9 +206,12 @@ def quantize_kv_kernel(
             + tok[:, None] * v_st + offs_d[None, :] * v_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
-        vc = tl.where(m, (v - v_mean[None, :]) / v_scale[None, :], 0.0)
         # Transposed in registers so the store runs along tokens (contiguous in v8t).
-        v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+        if PV_BF16:
+            v8t = tl.trans(to_bf16(tl.where(m, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
+        else:
+            vc = tl.where(m, (v - v_mean[None, :]) / v_scale[None, :], 0.0)
+            v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
         tl.store(
             v8t_ptr + h.to(tl.int64) * DP * Tk_pad + offs_d[:, None] * Tk_pad + prow[None, :],
             v8t,
@@ -196,16 +221,18 @@ def quantize_kv_kernel(
 @triton.jit
 def quantize_q_kernel(
     q_ptr, k_mean_ptr, seq_ptr,
-    q8_ptr, q_scale_ptr, q_lse_corr_ptr,
+    q8_ptr, q_scale_ptr, q_lse_corr_ptr, amax_ptr,
     q_sb, q_st, q_sh, q_sd,
     D, Tq_pad, group, sm_scale, sm_scale_log2,
     DP: tl.constexpr, BLOCK_M: tl.constexpr,
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
+    TENSOR_SCALES: tl.constexpr,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
 
     Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
-    that amount, and the true log-sum-exp needs it back.
+    that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
+    tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     blk = tl.program_id(0)
@@ -229,8 +256,11 @@ def quantize_q_kernel(
             + tok[:, None] * q_st + offs_d[None, :] * q_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
-        amax = tl.max(tl.abs(finite_or(q, 0.0)), 1)
-        scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
+        if TENSOR_SCALES:
+            scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
+        else:
+            amax = tl.max(tl.abs(finite_or(q, 0.0)), 1)
+            scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
         q8 = quantize_tile(q, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
         n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
         scale = tl.where(n_bad > 0, float("nan"), scale)
@@ -244,3 +274,79 @@ def quantize_q_kernel(
                 k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
                 corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
         tl.store(q_lse_corr_ptr + hq * Tq_pad + prow, corr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-tensor scales (the "per-tensor-fp8" baseline recipe only)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_abs_max(base, s_t, s_d, src, t0, length, D,
+                   DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Largest finite |x| over tokens [t0, t0 + CHUNK) of one head (0 when none)."""
+    offs_d = tl.arange(0, DP)
+    loc = tl.arange(0, SUB)
+    acc = tl.zeros([DP], dtype=tl.float32)
+    for i in range(0, CHUNK, SUB):
+        # 64-bit scalar base, 32-bit offsets within the tile (as in the other passes).
+        tok0 = (src + t0 + i).to(tl.int64)
+        m = (t0 + i + loc < length)[:, None] & (offs_d < D)[None, :]
+        x = tl.load(base + tok0 * s_t + loc[:, None] * s_t + offs_d[None, :] * s_d, mask=m,
+                    other=0.0)
+        acc = tl.maximum(acc, tl.max(tl.abs(finite_or(x.to(tl.float32), 0.0)), 0))
+    return tl.max(acc, 0)
+
+
+@triton.jit
+def qkv_abs_max_kernel(
+    q_ptr, k_ptr, v_ptr, seq_ptr, part_ptr,
+    q_sb, q_st, q_sh, q_sd,
+    k_sb, k_st, k_sh, k_sd,
+    v_sb, v_st, v_sh, v_sd,
+    D, n_chunks, group,
+    DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+):
+    """Per (chunk of tokens, head, sequence): the largest finite |q|, |k| and |v|.
+
+    Writes ``part[t, b, h, chunk]`` for t = q, k, v, every slot (0 where the chunk is past the
+    sequence or ``h`` is no kv head), so the buffer needs no zero fill.
+    """
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    H = tl.num_programs(1)
+    B = tl.num_programs(2)
+    Hkv = H // group
+    q_len = tl.load(seq_ptr + b * 8 + 0)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
+    q_src = tl.load(seq_ptr + b * 8 + 2)
+    k_src = tl.load(seq_ptr + b * 8 + 3)
+    # Heads past Hkv read nothing (length 0) at an in-bounds head.
+    hk = tl.minimum(h, Hkv - 1).to(tl.int64)
+    k_len = tl.where(h < Hkv, k_len, 0)
+    t0 = c * CHUNK
+    b64 = b.to(tl.int64)
+    qa = _chunk_abs_max(q_ptr + b64 * q_sb + h.to(tl.int64) * q_sh, q_st, q_sd, q_src, t0,
+                        q_len, D, DP, CHUNK, SUB)
+    ka = _chunk_abs_max(k_ptr + b64 * k_sb + hk * k_sh, k_st, k_sd, k_src, t0, k_len, D,
+                        DP, CHUNK, SUB)
+    va = _chunk_abs_max(v_ptr + b64 * v_sb + hk * v_sh, v_st, v_sd, k_src, t0, k_len, D,
+                        DP, CHUNK, SUB)
+    n_part = B * H * n_chunks
+    idx = (b * H + h) * n_chunks + c
+    tl.store(part_ptr + idx, qa)
+    tl.store(part_ptr + n_part + idx, ka)
+    tl.store(part_ptr + 2 * n_part + idx, va)
+
+
+@triton.jit
+def abs_max_finalize_kernel(part_ptr, amax_ptr, n_part, BLOCK: tl.constexpr):
+    """Program t (0: q, 1: k, 2: v): max over its partials, floored, into ``amax[t]``."""
+    t = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, n_part, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        acc = tl.maximum(acc, tl.load(part_ptr + t * n_part + offs, mask=offs < n_part,
+                                      other=0.0))
+    tl.store(amax_ptr + t, tl.maximum(tl.max(acc, 0), AMAX_FLOOR))

@@ -1,0 +1,235 @@
+"""Named recipes against fp64 and their emulations: the per-tensor baseline, the bf16-PV one.
+
+Shape B=1 H=2 S=512 D=64 (and D=128 for the accuracy target), through the interpreter on CPU.
+Measured here (kernel rel-L1 normal / dit): int8qk-bf16pv 0.011 / 0.008, int8qk-fp8pv 0.037 /
+0.013, per-tensor-fp8 0.053 / 0.050. The interpreter stores bf16 outputs by truncation (the GPU
+rounds to nearest), which adds ~0.001-0.002 to every recipe's rel-L1 here.
+"""
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import fp8dit
+from fp8dit import launch
+from fp8dit.kernels.common import to_bf16
+from fp8dit.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
+from fp8dit.testing import (
+    attention_emulated,
+    attention_ref,
+    attention_varlen_ref,
+    error_stats,
+    make_qkv,
+)
+
+EMULATION_FACTOR = 1.5
+HIGH_ACCURACY = "int8qk-bf16pv"
+BASELINE = "per-tensor-fp8"
+# (recipe, family) -> (rel-L1 max, cos min) at B1 H2 S512 D64. The bf16-PV bound is the issue's
+# target; the others sit ~1.5x above what they measure, to catch regressions, not noise.
+BOUNDS = {
+    (HIGH_ACCURACY, "normal"): (0.015, 0.9998),
+    (HIGH_ACCURACY, "dit"): (0.015, 0.9998),
+    (DEFAULT_RECIPE, "normal"): (0.055, 0.998),
+    (DEFAULT_RECIPE, "dit"): (0.02, 0.9997),
+    (BASELINE, "normal"): (0.08, 0.997),
+    (BASELINE, "dit"): (0.08, 0.995),
+}
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """Kernel and emulation errors of each recipe of BOUNDS on both families, computed once."""
+    out = {}
+    for family in ("normal", "dit"):
+        q, k, v = make_qkv(1, 2, 512, 64, family=family, seed=0)
+        ref = attention_ref(q, k, v)
+        for name in (HIGH_ACCURACY, DEFAULT_RECIPE, BASELINE):
+            got = fp8dit.attention(q, k, v, backend="fp8", recipe=name)
+            emu = attention_emulated(q, k, v, RECIPES[name])
+            out[(name, family)] = (error_stats(got, ref), error_stats(emu, ref))
+    return out
+
+
+@pytest.mark.parametrize("name,family", sorted(BOUNDS))
+def test_recipe_error_vs_fp64_and_emulation(measured, name, family):
+    st, emu = measured[(name, family)]
+    rel_max, cos_min = BOUNDS[(name, family)]
+    assert not st.nan, st
+    assert st.rel_l1 <= rel_max and st.cos >= cos_min, (name, family, str(st))
+    assert st.rel_l1 <= EMULATION_FACTOR * emu.rel_l1 + 1e-3, (name, family, str(st), str(emu))
+
+
+def test_per_tensor_baseline_is_clearly_worse_on_dit(measured):
+    base, _ = measured[(BASELINE, "dit")]
+    default, _ = measured[(DEFAULT_RECIPE, "dit")]
+    # Measured 0.050 vs 0.013 rel-L1 and 1-cos 2.7e-3 vs 1.1e-4.
+    assert base.rel_l1 >= 2.5 * default.rel_l1, (str(base), str(default))
+    assert 1 - base.cos >= 5 * (1 - default.cos), (str(base), str(default))
+
+
+def test_high_accuracy_recipe_beats_the_default(measured):
+    for family in ("normal", "dit"):
+        best, _ = measured[(HIGH_ACCURACY, family)]
+        default, _ = measured[(DEFAULT_RECIPE, family)]
+        assert best.rel_l1 < 0.8 * default.rel_l1, (family, str(best), str(default))
+
+
+@pytest.mark.parametrize("family", ["normal", "dit"])
+def test_high_accuracy_target_at_d128(family):
+    q, k, v = make_qkv(1, 2, 512, 128, family=family, seed=1)
+    st = error_stats(fp8dit.attention(q, k, v, backend="fp8", recipe=HIGH_ACCURACY),
+                     attention_ref(q, k, v))
+    assert not st.nan and st.rel_l1 <= 0.015 and st.cos >= 0.9998, str(st)
+
+
+@pytest.mark.parametrize("name", [HIGH_ACCURACY, BASELINE])
+def test_new_recipes_causal_gqa_split_kv(name):
+    # Odd length, GQA 4:1, causal, forced split-KV merge, against fp64 and the emulation.
+    q, k, v = make_qkv(1, 4, 239, 64, Hkv=1, family="dit", seed=5)
+    out, lse = fp8dit.attention(q, k, v, backend="fp8", recipe=name, is_causal=True,
+                                num_splits=3, return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, is_causal=True, return_lse=True)
+    st = error_stats(out, ref)
+    emu = error_stats(attention_emulated(q, k, v, RECIPES[name], is_causal=True), ref)
+    assert not st.nan and st.rel_l1 <= EMULATION_FACTOR * emu.rel_l1 + 1e-3, (str(st), str(emu))
+    # The LSE comes from QK alone. bf16 PV shares the default's int8 QK, so its LSE is the
+    # default's (0.34 off fp64 here: dit scores reach ~50); per-tensor fp8 QK is 3.6 off.
+    lse_err = (lse.double() - ref_lse).abs().max()
+    if name == HIGH_ACCURACY:
+        _, lse_default = fp8dit.attention(q, k, v, backend="fp8", is_causal=True, num_splits=3,
+                                          return_lse=True)
+        torch.testing.assert_close(lse, lse_default, rtol=0, atol=1e-5)
+        assert lse_err <= 0.5
+    else:
+        assert lse_err <= 6.0
+
+
+@pytest.mark.parametrize("name", [HIGH_ACCURACY, BASELINE])
+def test_new_recipes_keep_nan_in_its_row(name):
+    q, k, v = make_qkv(1, 2, 200, 64, seed=2)
+    q[0, 17, 1, 5] = float("nan")
+    out = fp8dit.attention(q, k, v, backend="fp8", recipe=name)
+    bad = ~torch.isfinite(out.float()).all(dim=-1)
+    expected = torch.zeros_like(bad)
+    expected[0, 17, 1] = True
+    assert torch.equal(bad, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the kernels store: per-tensor scales really are per tensor; bf16 V is the input
+# ---------------------------------------------------------------------------------------------
+
+
+def _varlen_workspace(recipe, q, k, v, q_lens, k_lens, scale):
+    H, Hkv, D = q.shape[1], k.shape[1], q.shape[2]
+    plan, _ = launch.plan_for(q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv,
+                              head_dim=D, is_causal=False, device=q.device)
+    st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
+    ws = launch.quantize_stage(plan, recipe, scale, q, st[0], k, st[1], v, st[2])
+    return plan, ws
+
+
+def _valid_rows(lens, block):
+    rows, pad = [], 0
+    for n in lens:
+        rows += range(pad, pad + n)
+        pad += -(-n // block) * block
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def test_per_tensor_scales_span_sequences_and_heads():
+    # Varlen with an empty sequence, GQA 2:1, and one sequence/head far larger than the rest:
+    # each tensor's single scale must come from its largest value anywhere.
+    q_lens, k_lens = [113, 0, 200], [150, 50, 139]
+    H, Hkv, D = 4, 2, 40
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(sum(q_lens), H, D, generator=g)
+    k = torch.randn(sum(k_lens), Hkv, D, generator=g)
+    v = torch.randn(sum(k_lens), Hkv, D, generator=g)
+    q[200, 3, 39] = 40.0  # third sequence, last head, last real channel (D < padded 64)
+    k[180, 1] *= 9.0  # second sequence (the one without queries)
+    v[5, 0, 0] = -30.0
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    scale = 1 / math.sqrt(D)
+    plan, ws = _varlen_workspace(get_recipe(BASELINE), q, k, v, q_lens, k_lens, scale)
+    qa, ka, va = (float(t.float().abs().max()) for t in (q, k, v))
+    rows = _valid_rows(q_lens, plan.key.block_m)
+    q_scale = ws.q_scale[:, rows]
+    torch.testing.assert_close(q_scale, torch.full_like(q_scale, qa / 448 * scale * launch.LOG2E))
+    n_blocks = sum(-(-n // plan.key.block_n) for n in k_lens)
+    k_scale = ws.k_scale[:, :n_blocks]
+    torch.testing.assert_close(k_scale, torch.full_like(k_scale, ka / 448))
+    v_scale = ws.v_scale[:, :, :D]
+    torch.testing.assert_close(v_scale, torch.full_like(v_scale, va / 448))
+    assert torch.all(ws.v_mean == 0) and ws.q8.dtype == torch.float8_e4m3fn
+    # And the attention built on them is still right.
+    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+          for n in (q_lens, k_lens)]
+    out = fp8dit.attention_varlen(q, k, v, cu[0], cu[1], max(q_lens), max(k_lens),
+                                  backend="fp8", recipe=BASELINE)
+    ref = attention_varlen_ref(q, k, v, cu[0], cu[1])
+    assert error_stats(out, ref).cos >= 0.99
+
+
+def test_bf16_pv_stores_v_as_is_and_unscaled():
+    q_lens = k_lens = [150, 37]
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(187, 2, 64, generator=g).bfloat16() for _ in range(3))
+    v = (v.float() + 3.0).bfloat16()  # an offset that centering would have removed
+    plan, ws = _varlen_workspace(get_recipe(HIGH_ACCURACY), q, k, v, q_lens, k_lens, 0.125)
+    assert ws.pv_bf16 and ws.v8t.dtype == torch.bfloat16
+    rows = _valid_rows(k_lens, plan.key.block_n)
+    assert torch.equal(ws.v8t[:, :, rows].permute(2, 0, 1), v)  # [Hkv, Dp, T] -> [T, Hkv, D]
+    assert torch.all(ws.v_scale == 1) and torch.all(ws.v_mean == 0)
+    assert ws.q8.dtype == torch.int8 and ws.k8.dtype == torch.int8
+
+
+def test_bf16_stages_fit_two_programs_per_sm():
+    # bf16 V doubles the V tile; two stages keep the shared memory of the default's three.
+    cfg = launch.tile_config(128, torch.device("cpu"))
+    ws = type("W", (), {"pv_bf16": True})()
+    assert cfg["programs_per_sm"] == 2 and launch._num_stages(cfg, ws) == 2
+    ws.pv_bf16 = False
+    assert launch._num_stages(cfg, ws) == cfg["num_stages"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _to_bf16_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    y = to_bf16(tl.load(x_ptr + offs), True)
+    tl.store(y_ptr + offs, y.to(tl.float32))
+
+
+def test_soft_bf16_cast_rounds_to_nearest_even():
+    # The interpreter's own fp32->bf16 cast truncates; to_bf16 must match torch (RNE). Not
+    # tested: subnormals, which the interpreter's cast flushes to zero (the GPU's does not).
+    one = 1.0
+    vals = [one + 2**-8, one + 3 * 2**-8, one + 2**-8 + 2**-20, -(one + 3 * 2**-8), 255.9,
+            3.0e38, -3.4e38, 1e-30, 0.0, -0.0, float("inf"), float("-inf"), float("nan"),
+            0.1, -7.77, 65504.0]
+    x = torch.tensor(vals, dtype=torch.float32)
+    x = torch.cat([x, torch.randn(48) * 100])
+    y = torch.empty_like(x)
+    _to_bf16_kernel[(1,)](x, y, N=64)
+    want = x.bfloat16().float()
+    assert torch.equal(torch.isnan(y), torch.isnan(want))
+    fin = ~torch.isnan(want)
+    assert torch.equal(y[fin], want[fin])
+
+
+def test_recipe_validation():
+    with pytest.raises(ValueError, match="per-tensor scales exclude smooth_k"):
+        Recipe("x", "", scales="tensor")
+    with pytest.raises(ValueError, match="unknown qk/scales/pv"):
+        Recipe("x", "", pv="fp16")
+    assert get_recipe(None).name == DEFAULT_RECIPE == "int8qk-fp8pv"
+    assert RECIPES[BASELINE].scales == "tensor" and RECIPES[HIGH_ACCURACY].pv == "bf16"
