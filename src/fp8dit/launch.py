@@ -107,6 +107,13 @@ class Workspace:
         )
 
 
+def _tile_warps(rows: int, cols: int) -> int:
+    """Warps for an elementwise kernel holding an fp32 [rows, cols] tile: about 32 values per
+    thread. With more, the sm_90 SASS of the quantization and merge kernels spilled registers
+    (tests/test_sm90_compile.py reads it)."""
+    return min(32, max(4, rows * cols // 1024))
+
+
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    q, q_strides, k, k_strides, v, v_strides) -> Workspace:
     """Fused quantization of Q, K, V (three launches) into a plan-sized workspace."""
@@ -145,7 +152,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     if plan.n_chunks:
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
-            DP=Dp, CHUNK=STATS_CHUNK, SUB=64, num_warps=4,
+            DP=Dp, CHUNK=STATS_CHUNK, SUB=2048 // Dp, num_warps=4,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
@@ -156,14 +163,15 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
             *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
-            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
+            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=_tile_warps(BN, Dp),
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM, SMOOTH_K=recipe.smooth_k,
-            QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales, num_warps=4,
+            QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
+            num_warps=_tile_warps(BM, Dp),
         )
     return ws
 
@@ -212,7 +220,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
         merge_partials_kernel[(plan.n_reduce,)](
             ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
             out, *out_strides, lse, *lse_strides, D,
-            DP=Dp, BLOCK_M=BM, num_warps=8,
+            DP=Dp, BLOCK_M=BM, num_warps=_tile_warps(BM, Dp),
         )
 
 

@@ -170,15 +170,16 @@ def attention_fwd_persistent_kernel(
         lse = tl.where(empty, float("-inf"), lse)
         if slot < 0:
             rmask = rows < q_len
-            tok = (q_src + rows).to(tl.int64)
+            tok0 = (q_src + row0).to(tl.int64)
             hq64 = h.to(tl.int64)
             optr = (
-                out_ptr + b.to(tl.int64) * o_sb + hq64 * o_sh
-                + tok[:, None] * o_st + offs_d[None, :] * o_sd
+                out_ptr + b.to(tl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
+                + offs_m[:, None] * o_st + offs_d[None, :] * o_sd
             )
             tl.store(optr, o.to(out_ptr.dtype.element_ty),
                      mask=rmask[:, None] & (offs_d < D)[None, :])
-            tl.store(lse_ptr + b.to(tl.int64) * l_sb + hq64 * l_sh + tok * l_st, lse, mask=rmask)
+            lptr = lse_ptr + b.to(tl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
+            tl.store(lptr + offs_m * l_st, lse, mask=rmask)
         else:
             pbase = slot.to(tl.int64) * BLOCK_M
             tl.store(part_o_ptr + (pbase + offs_m)[:, None] * DP + offs_d[None, :], o)

@@ -74,12 +74,16 @@ def kv_channel_stats_kernel(
         vmin = tl.full([DP], float("inf"), dtype=tl.float32)
         kb = k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh
         vb = v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh
+        loc = tl.arange(0, SUB)
         for i in range(0, CHUNK, SUB):
-            rows = t0 + i + tl.arange(0, SUB)
-            m = (rows < k_len)[:, None] & dmask[None, :]
-            tok = (k_src + rows).to(tl.int64)
-            k = tl.load(kb + tok[:, None] * k_st + offs_d[None, :] * k_sd, mask=m, other=0.0)
-            v = tl.load(vb + tok[:, None] * v_st + offs_d[None, :] * v_sd, mask=m, other=0.0)
+            # 64-bit scalar base, 32-bit offsets within the tile: per-element 64-bit addresses
+            # cost two registers each and made these kernels spill.
+            tok0 = (k_src + t0 + i).to(tl.int64)
+            m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
+            k = tl.load(kb + tok0 * k_st + loc[:, None] * k_st + offs_d[None, :] * k_sd,
+                        mask=m, other=0.0)
+            v = tl.load(vb + tok0 * v_st + loc[:, None] * v_st + offs_d[None, :] * v_sd,
+                        mask=m, other=0.0)
             k = k.to(tl.float32)
             v = v.to(tl.float32)
             ksum += tl.sum(finite_or(k, 0.0), 0)
@@ -179,13 +183,14 @@ def quantize_kv_kernel(
         v_mean = tl.load(v_mean_ptr + stat)
         v_scale = tl.load(v_scale_ptr + stat)
 
-        rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        loc = tl.arange(0, BLOCK_N)
+        rows = blk * BLOCK_N + loc
         rmask = rows < k_len
         m = rmask[:, None] & dmask[None, :]
-        tok = (k_src + rows).to(tl.int64)
+        tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
         k = tl.load(
-            k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh
-            + tok[:, None] * k_st + offs_d[None, :] * k_sd,
+            k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
+            + loc[:, None] * k_st + offs_d[None, :] * k_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
         ks = tl.where(m, k - k_mean[None, :], 0.0)
@@ -197,13 +202,14 @@ def quantize_kv_kernel(
         k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
         n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
-        prow = (k_pad + rows).to(tl.int64)
-        tl.store(k8_ptr + h.to(tl.int64) * Tk_pad * DP + prow[:, None] * DP + offs_d[None, :], k8)
+        prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
+        tl.store(k8_ptr + (h.to(tl.int64) * Tk_pad + prow0) * DP
+                 + loc[:, None] * DP + offs_d[None, :], k8)
         tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk, k_scale)
 
         v = tl.load(
-            v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh
-            + tok[:, None] * v_st + offs_d[None, :] * v_sd,
+            v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
+            + loc[:, None] * v_st + offs_d[None, :] * v_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
         # Transposed in registers so the store runs along tokens (contiguous in v8t).
@@ -213,7 +219,8 @@ def quantize_kv_kernel(
             vc = tl.where(m, (v - v_mean[None, :]) / v_scale[None, :], 0.0)
             v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
         tl.store(
-            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + offs_d[:, None] * Tk_pad + prow[None, :],
+            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
+            + offs_d[:, None] * Tk_pad + loc[None, :],
             v8t,
         )
 
@@ -247,13 +254,14 @@ def quantize_q_kernel(
     if blk * BLOCK_M < q_len:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
-        rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        loc = tl.arange(0, BLOCK_M)
+        rows = blk * BLOCK_M + loc
         rmask = rows < q_len
         m = rmask[:, None] & dmask[None, :]
-        tok = (q_src + rows).to(tl.int64)
+        tok0 = (q_src + blk * BLOCK_M).to(tl.int64)
         q = tl.load(
-            q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
-            + tok[:, None] * q_st + offs_d[None, :] * q_sd,
+            q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + tok0 * q_st
+            + loc[:, None] * q_st + offs_d[None, :] * q_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
         if TENSOR_SCALES:
@@ -264,16 +272,15 @@ def quantize_q_kernel(
         q8 = quantize_tile(q, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
         n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
         scale = tl.where(n_bad > 0, float("nan"), scale)
-        prow = (q_pad + rows).to(tl.int64)
-        hq = h.to(tl.int64)
-        tl.store(q8_ptr + hq * Tq_pad * DP + prow[:, None] * DP + offs_d[None, :], q8)
-        tl.store(q_scale_ptr + hq * Tq_pad + prow, scale * sm_scale_log2)
+        prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in the [H*Tq_pad] view
+        tl.store(q8_ptr + prow0 * DP + loc[:, None] * DP + offs_d[None, :], q8)
+        tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
         corr = tl.zeros([BLOCK_M], dtype=tl.float32)
         if SMOOTH_K:
             if k_len > 0:
                 k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
                 corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
-        tl.store(q_lse_corr_ptr + hq * Tq_pad + prow, corr)
+        tl.store(q_lse_corr_ptr + prow0 + loc, corr)
 
 
 # ---------------------------------------------------------------------------------------------
