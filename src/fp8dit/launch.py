@@ -220,7 +220,8 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
         merge_partials_kernel[(plan.n_reduce,)](
             ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
             out, *out_strides, lse, *lse_strides, D,
-            DP=Dp, BLOCK_M=BM, num_warps=_tile_warps(BM, Dp),
+            DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(),
+            num_warps=_tile_warps(BM, Dp),
         )
 
 

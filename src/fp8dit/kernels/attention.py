@@ -22,7 +22,7 @@ before.
 import triton
 import triton.language as tl
 
-from .common import to_bf16, to_fp8_e4m3
+from .common import cast_for_store, to_bf16, to_fp8_e4m3
 
 # Work-item fields (int32 columns of the plan's work table).
 W_SEQ = 0
@@ -176,7 +176,7 @@ def attention_fwd_persistent_kernel(
                 out_ptr + b.to(tl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
                 + offs_m[:, None] * o_st + offs_d[None, :] * o_sd
             )
-            tl.store(optr, o.to(out_ptr.dtype.element_ty),
+            tl.store(optr, cast_for_store(o, out_ptr, SOFT_FP8_CAST),
                      mask=rmask[:, None] & (offs_d < D)[None, :])
             lptr = lse_ptr + b.to(tl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
             tl.store(lptr + offs_m * l_st, lse, mask=rmask)

@@ -3,6 +3,8 @@
 import triton
 import triton.language as tl
 
+from .common import cast_for_store
+
 # Reduce-map fields (int32 columns of the plan's reduce table).
 R_SEQ = 0
 R_HEAD = 1
@@ -18,7 +20,7 @@ def merge_partials_kernel(
     out_ptr, o_sb, o_st, o_sh, o_sd,
     lse_ptr, l_sb, l_sh, l_st,
     D,
-    DP: tl.constexpr, BLOCK_M: tl.constexpr,
+    DP: tl.constexpr, BLOCK_M: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
 ):
     """One program per split item; pieces merged in slot order (deterministic)."""
     r = tl.program_id(0)
@@ -56,6 +58,7 @@ def merge_partials_kernel(
         out_ptr + b.to(tl.int64) * o_sb + h.to(tl.int64) * o_sh + tok0 * o_st
         + offs_m[:, None] * o_st + offs_d[None, :] * o_sd
     )
-    tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (offs_d < D)[None, :])
+    tl.store(optr, cast_for_store(o, out_ptr, SOFT_FP8_CAST),
+             mask=rmask[:, None] & (offs_d < D)[None, :])
     lptr = lse_ptr + b.to(tl.int64) * l_sb + h.to(tl.int64) * l_sh + tok0 * l_st
     tl.store(lptr + offs_m * l_st, lse, mask=rmask)
