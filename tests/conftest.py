@@ -38,3 +38,26 @@ def device():
 def _clean_fp8dit_env(monkeypatch):
     for var in ("FP8DIT_BACKEND", "FP8DIT_DISABLE", "FP8DIT_RECIPE", "FP8DIT_PLAN_CACHE"):
         monkeypatch.delenv(var, raising=False)
+
+
+# A tiny Wan transformer (diffusers' WanTransformer3DModel, seeded random weights, bf16) and one
+# input: 2 x 16 x 16 latent -> 128 tokens, 24 text tokens (cross-attention with short keys).
+TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128,
+                num_layers=2, rope_max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_wan():
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(**TINY_WAN).to(DEVICE).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    inputs = dict(
+        hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),
+        timestep=torch.tensor([700.0], device=DEVICE),
+        encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
+    )
+    return model, inputs

@@ -13,7 +13,6 @@ import torch
 pytest.importorskip("diffusers")
 
 import diffusers.models.attention_dispatch as ad  # noqa: E402
-from diffusers import WanTransformer3DModel  # noqa: E402
 
 from fp8dit import check  # noqa: E402
 from fp8dit.capture import capture_qkv  # noqa: E402
@@ -22,9 +21,6 @@ from fp8dit.integrations import diffusers as fd  # noqa: E402
 from fp8dit.testing import ErrorStats  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64, in_channels=4,
-            out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2,
-            rope_max_seq_len=64)
 LAYERS = ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]
 
 
@@ -35,22 +31,6 @@ def _restore_diffusers_state():
     yield
     ad._AttentionBackendRegistry.set_active_backend(active)
     fd.set_recipe(None)
-
-
-@pytest.fixture(scope="module")
-def tiny_wan():
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(**TINY).to(DEVICE).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.data = p.data.to(torch.bfloat16)
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-    inputs = dict(
-        # 2 x 16 x 16 latent -> 128 tokens; 24 text tokens (cross-attention)
-        hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),
-        timestep=torch.tensor([700.0], device=DEVICE),
-        encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
-    )
-    return model, inputs
 
 
 def _forward(model, inputs):
