@@ -46,9 +46,10 @@ def tile_config(head_dim_padded: int, device: torch.device) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here)."""
     # Measured on an H200 (benchmarks/NOTES.md, 2026-12-02): 64-row query tiles, 4 warps and two
     # programs per SM beat 128-row tiles with 8 warps by 1.2x at Wan 720p (696 vs 579 TFLOPS)
-    # and 1.3x at CogVideoX (d64). D=256 keeps 128x64 tiles (not yet measured).
+    # and 1.3x at CogVideoX (d64). D=256 is not timed yet: 64x64 tiles with 8 warps are chosen
+    # from the sm_90 SASS (60 spilled registers against 383 for 128x64; tests/tools).
     if head_dim_padded >= 256:
-        cfg = dict(block_m=128, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1)
+        cfg = dict(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=2)
     else:
         cfg = dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
     cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
