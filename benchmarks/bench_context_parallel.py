@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -295,18 +293,10 @@ def run(args, device) -> int:
 
 
 def _write(rows, gpu, out):
-    out_path = Path(out) if out else RESULTS / (
-        re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-context-parallel.json")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    previous = []
-    if out_path.exists():
-        try:
-            previous = json.loads(out_path.read_text())
-        except json.JSONDecodeError:
-            print(f"note: {out_path} is not valid JSON; starting a new list")
-        if not isinstance(previous, list):
-            previous = []
-    out_path.write_text(json.dumps(previous + rows, indent=1) + "\n")
+    from fp8dit.bench import gpu_slug, save_results
+
+    out_path = Path(out) if out else RESULTS / f"{gpu_slug(gpu)}-context-parallel.json"
+    save_results(out_path, rows)
     print(f"\nwrote {len(rows)} rows to {out_path}")
 
 

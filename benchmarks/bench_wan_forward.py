@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import re
 import statistics
 import sys
 import time
@@ -214,18 +212,10 @@ def main(argv=None) -> int:
         if r["backend"] == "fp8dit" and base and "ms_median" in base and "ms_median" in r:
             r["speedup"] = round(base["ms_median"] / r["ms_median"], 3)
 
-    out_path = Path(args.out) if args.out else RESULTS / (
-        re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-wan-forward.json")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    previous = []
-    if out_path.exists():
-        try:
-            previous = json.loads(out_path.read_text())
-        except json.JSONDecodeError:
-            print(f"note: {out_path} is not valid JSON; starting a new list")
-        if not isinstance(previous, list):
-            previous = []
-    out_path.write_text(json.dumps(previous + rows, indent=1) + "\n")
+    from fp8dit.bench import gpu_slug, save_results
+
+    out_path = Path(args.out) if args.out else RESULTS / f"{gpu_slug(gpu)}-wan-forward.json"
+    save_results(out_path, rows)
 
     print(f"\nwrote {len(rows)} rows to {out_path}")
     for r in rows:

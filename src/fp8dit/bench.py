@@ -581,7 +581,8 @@ def run_metadata(device: torch.device) -> dict:
 
 
 def _row_key(r: dict) -> tuple:
-    return (r.get("date"), r.get("preset"), r.get("backend"), r.get("recipe"))
+    # "mode" tells apart rows of the model benchmarks (eager / cuda-graph / ulysses / ring).
+    return (r.get("date"), r.get("preset"), r.get("backend"), r.get("recipe"), r.get("mode"))
 
 
 def load_results(path: Path) -> list[dict]:
