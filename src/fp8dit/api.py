@@ -6,12 +6,13 @@ Inputs are validated once here; everything below trusts them.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
-from . import dispatch
+from . import dispatch, env
 from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
-from .recipes import get_recipe
+from .recipes import RECIPES, Recipe, get_recipe
 from .sdpa import sdpa_attention, sdpa_attention_varlen
 
 LAYOUTS = ("NHD", "HND")
@@ -26,7 +27,7 @@ def _check_tensors(names, tensors, rank: int, rank_desc: str) -> None:
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
+        if not t.is_floating_point() or t.element_size() < 2:  # float8: no path takes it
             raise TypeError(
                 f"{name}: expected a floating-point dtype (bfloat16, float16 or float32), "
                 f"got {t.dtype}"
@@ -66,6 +67,42 @@ def _check_scale(scale, D: int) -> float:
     return float(scale)
 
 
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is None:
+        return
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(
+            f"num_splits: expected None or a positive integer, got {type(num_splits).__name__}"
+        )
+    if num_splits < 1:
+        raise ValueError(f"num_splits: expected None or a positive integer, got {num_splits}")
+
+
+def check_recipe(recipe, arg: str = "recipe") -> Recipe:
+    """The recipe named ``recipe`` (``None``: ``FP8DIT_RECIPE`` or the default).
+
+    Raises naming ``arg`` (``FP8DIT_RECIPE`` when the name came from the environment), so every
+    path that takes a recipe (API, diffusers adapter, CLI options) says which input was wrong.
+    """
+    if recipe is None:
+        recipe, arg = env.default_recipe(), "FP8DIT_RECIPE"
+        if recipe is None:
+            return get_recipe(None)
+    elif not isinstance(recipe, str):
+        raise TypeError(f"{arg}: expected a recipe name (str) or None, got {type(recipe).__name__}")
+    try:
+        return get_recipe(recipe)
+    except ValueError:
+        raise ValueError(
+            f"{arg}: expected one of {', '.join(sorted(RECIPES))}, got {recipe!r}"
+        ) from None
+
+
 def _dense_dims(q, k, v, layout):
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected 'NHD' or 'HND', got {layout!r}")
@@ -101,6 +138,7 @@ def select_backend(q, k, v, *, is_causal: bool = False, layout: str = "NHD",
     >>> name, why = fp8dit.select_backend(q, k, v)
     """
     _dense_dims(q, k, v, layout)
+    _check_bool("is_causal", is_causal)
     return dispatch.resolve(backend, q, k, v, is_causal)
 
 
@@ -152,13 +190,16 @@ def attention(
     """
     B, H, Hkv, Sq, Sk, D = _dense_dims(q, k, v, layout)
     scale = _check_scale(scale, D)
+    _check_bool("is_causal", is_causal)
+    _check_bool("return_lse", return_lse)
+    _check_num_splits(num_splits)
+    rec = check_recipe(recipe)
     if B == 0 or Sq == 0 or Sk == 0:
         out = torch.zeros_like(q)
         lse = torch.full((B, H, Sq), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
     name, _ = dispatch.resolve(backend, q, k, v, is_causal)
     if name == "fp8":
-        rec = get_recipe(recipe)
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_fp8(
                 q, k, v, layout, scale, is_causal, rec.name, num_splits or 0
@@ -180,6 +221,8 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, batch: int | None
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name}: expected dtype int32 or int64, got {cu.dtype}")
+    if cu.device.type == "meta":
+        raise ValueError(f"{name}: expected a tensor with values (cpu or cuda), got a meta tensor")
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{name}: expected a 1-D tensor of batch + 1 offsets, got {_shape(cu)}")
     if batch is not None and cu.numel() != batch + 1:
@@ -244,11 +287,21 @@ def attention_varlen(
         raise ValueError(f"v: expected [Tk, Hkv] = ({Tk}, {Hkv}) like k, got shape {_shape(v)}")
     _check_heads(H, Hkv, D, Dk, v.shape[2])
     scale = _check_scale(scale, D)
+    _check_bool("is_causal", is_causal)
+    _check_bool("return_lse", return_lse)
+    _check_num_splits(num_splits)
+    rec = check_recipe(recipe)
     q_lens = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, Tq, None)
     k_lens = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, Tk, len(q_lens))
     for name, bound, lens in (("max_seqlen_q", max_seqlen_q, q_lens),
                               ("max_seqlen_k", max_seqlen_k, k_lens)):
-        if int(bound) < max(lens):
+        if isinstance(bound, bool):
+            raise TypeError(f"{name}: expected an integer, got bool")
+        try:
+            bound = operator.index(bound)
+        except TypeError:
+            raise TypeError(f"{name}: expected an integer, got {type(bound).__name__}") from None
+        if bound < max(lens):
             raise ValueError(
                 f"{name}: expected at least the longest sequence ({max(lens)}), got {bound}"
             )
@@ -258,7 +311,6 @@ def attention_varlen(
         return (out, lse) if return_lse else out
     name, _ = dispatch.resolve(backend, q, k, v, is_causal)
     if name == "fp8":
-        rec = get_recipe(recipe)
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_varlen_fp8(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, scale, is_causal, rec.name,
