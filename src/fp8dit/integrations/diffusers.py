@@ -37,8 +37,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..api import attention, select_backend
-from ..recipes import get_recipe
+from ..api import _check_scale, attention, check_recipe, select_backend
 
 BACKEND_NAME = "fp8dit"
 _MEMBER_NAME = "FP8DIT"
@@ -75,6 +74,13 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             and attn_mask.shape[0] == query.shape[0] and attn_mask.shape[1] == key.shape[1]):
         attn_mask = attn_mask[:, None, None, :]
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    try:
+        torch.broadcast_shapes(attn_mask.shape, q.shape[:3] + k.shape[2:3])
+    except RuntimeError:
+        raise ValueError(
+            f"attn_mask: expected a shape that broadcasts to [B, H, Sq, Sk] = "
+            f"{tuple(q.shape[:3] + k.shape[2:3])} (or [B, Sk]), got {tuple(attn_mask.shape)}"
+        ) from None
     gqa = {"enable_gqa": True} if (enable_gqa or q.shape[1] != k.shape[1]) else {}
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
@@ -82,8 +88,25 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return out.transpose(1, 2)
 
 
+def _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    # The FP8 path validates in fp8dit.attention; the SDPA fallback gets the same checks here,
+    # so a bad input raises the same error whichever path the call takes.
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(
+            f"attn_mask: expected None or a torch.Tensor, got {type(attn_mask).__name__}"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p: expected a float in [0, 1], got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p: expected a float in [0, 1], got {dropout_p}")
+    if attn_mask is not None or dropout_p:
+        select_backend(query, key, value, is_causal=is_causal, layout="NHD", backend="sdpa")
+        _check_scale(scale, query.shape[-1])
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse):
+    _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     fallback = None
     if attn_mask is not None:
         fallback = "attn_mask is set (the FP8 kernels take no mask)"
@@ -102,7 +125,7 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if _records is not None:
         name, why = select_backend(query, key, value, is_causal=is_causal, layout="NHD")
         _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape),
-                             recipe=get_recipe(_recipe).name if name == "fp8" else None))
+                             recipe=check_recipe(_recipe).name if name == "fp8" else None))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
                     return_lse=return_lse, recipe=_recipe)
     if return_lse:
@@ -184,7 +207,7 @@ def set_recipe(name: str | None) -> None:
     default. :func:`enable` calls it with ``policy.recipe`` when the policy has one.
     """
     global _recipe
-    _recipe = None if name is None else get_recipe(name).name  # raises on an unknown name
+    _recipe = None if name is None else check_recipe(name).name  # raises on an unknown name
 
 
 @contextlib.contextmanager
@@ -390,7 +413,7 @@ def enable(pipe_or_model, policy=None):
         )
     models = _models(pipe_or_model)
     if getattr(policy, "recipe", None) is not None:
-        set_recipe(policy.recipe)
+        set_recipe(check_recipe(policy.recipe, "policy.recipe").name)
     member = register()
     dispatch = sys.modules[_DISPATCH]
     names = dispatch.AttentionBackendName
