@@ -17,8 +17,17 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors on stderr (``fp8dit demo: error: argument --steps: ...``,
+    exit 2), the form of the subcommands' own errors; the usage is in ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fp8dit", description=__doc__.splitlines()[0])
+    # Subparsers are built with the parent's class, so they get the one-line errors too.
+    parser = _Parser(prog="fp8dit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="{demo,bench,check}")
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
