@@ -626,6 +626,12 @@ def check_plot_available() -> str | None:
     return None
 
 
+def check_output_path(option: str, path: str | None) -> None:
+    """Raise ValueError when ``path`` cannot be written (checked before a run, written after)."""
+    if path and (not Path(path).resolve().parent.is_dir() or Path(path).is_dir()):
+        raise ValueError(f"{option}: expected a file path in an existing directory, got {path!r}")
+
+
 def plot_rows(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -708,23 +714,21 @@ def run(args: argparse.Namespace) -> int:
             return _error(missing)
     if args.from_json:
         try:
+            check_output_path("--plot", args.plot)
             rows = latest_run(load_results(Path(args.from_json)))
         except ValueError as e:
             return _error(str(e))
         if not rows:
-            return _error(f"{args.from_json}: no rows (missing or empty file)")
+            return _error(f"--from-json: {args.from_json}: no rows (missing or empty file)")
         return _report(rows, interp=bool(rows[0].get("interpreter")), plot=args.plot,
                        note=f"{args.from_json}: run of {rows[0].get('date')} on "
                             f"{rows[0].get('gpu')}")
 
     smoke = bool(args.smoke)
-    if not smoke and not torch.cuda.is_available():
-        print(NO_GPU_MESSAGE, file=sys.stderr)
-        return 1
-    try:
-        from .recipes import get_recipe
+    try:  # arguments first: a typo gets its own message on any machine
+        from .api import check_recipe
 
-        recipe = get_recipe(args.recipe).name
+        recipe = check_recipe(args.recipe, "--recipe").name
         backends = _parse_backends(args.backends, SMOKE_BACKENDS if smoke else GPU_BACKENDS)
         if smoke and args.preset:
             raise ShapeError("--smoke runs through the CPU interpreter: use a tiny --shape, "
@@ -743,8 +747,12 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--{opt}: expected a positive number, got {val}")
         if not args.max_ms > 0:
             raise ValueError(f"--max-ms: expected a positive number, got {args.max_ms}")
+        check_output_path("--plot", args.plot)  # --out-json: save_results makes its folder
     except ValueError as e:
         return _error(str(e))
+    if not smoke and not torch.cuda.is_available():
+        print(NO_GPU_MESSAGE, file=sys.stderr)
+        return 1
 
     if smoke and not interpreter_active():
         _log("[bench] --smoke: re-running under TRITON_INTERPRET=1 (Triton's CPU interpreter)")

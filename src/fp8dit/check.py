@@ -309,7 +309,12 @@ def _parse_list(text, allowed, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import check_plot_available, interpreter_active, rerun_interpreted
+    from .bench import (
+        check_output_path,
+        check_plot_available,
+        interpreter_active,
+        rerun_interpreted,
+    )
     from .recipes import RECIPES
     from .testing import FAMILIES, attention_ref, error_stats, make_qkv
 
@@ -324,12 +329,14 @@ def run(args: argparse.Namespace) -> int:
         if args.preset and args.shape:
             raise ShapeError("give --shape or --preset, not both")
         if args.preset:
+            shape = get_preset(args.preset)  # an unknown name first, on any machine
             if not on_gpu:
                 raise ShapeError(f"--preset {args.preset}: too large for the CPU interpreter; "
                                  "use a small --shape")
-            shape = get_preset(args.preset)
         else:
             shape = parse_shape(args.shape or (GPU_SHAPE if on_gpu else CPU_SHAPE))
+        check_output_path("--out-json", args.out_json)
+        check_output_path("--plot", args.plot)
         inputs = load_inputs(args.inputs) if args.inputs else None
     except ValueError as e:
         return _error(str(e))
@@ -379,8 +386,9 @@ def run(args: argparse.Namespace) -> int:
         ref_out, ref_lse = attention_ref(q, k, v, return_lse=True,
                                          chunk=_ref_chunk(B, H, k.shape[1]))
         _log(f"[check] {label}: fp64 reference ({time.perf_counter() - t0:.1f} s)")
-        qk, kk, vk = (t if t.dtype in (torch.bfloat16, torch.float16) else t.to(torch.bfloat16)
-                      for t in (q, k, v))
+        # One kernel dtype for all three (a file may mix them): q's when it is 16-bit, else bf16.
+        kdt = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        qk, kk, vk = (t.to(kdt) for t in (q, k, v))
         for rec in recipes:
             step += 1
             t0 = time.perf_counter()

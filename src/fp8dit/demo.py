@@ -62,6 +62,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _png_path(text: str) -> str:
+    # Checked up front: the plot is written after the whole run.
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent) or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"expected a file path in an existing directory, got {text!r}"
+        )
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                         help="model width and latent shape (default: tiny, runs on a CPU)")
@@ -74,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="flow-matching sigma shift (default: 5.0)")
     parser.add_argument("--device", default=None,
                         help="cuda, cuda:N or cpu (default: cuda when available)")
-    parser.add_argument("--out", default="fp8dit-demo.png", help="PNG of the per-step error")
+    parser.add_argument("--out", type=_png_path, default="fp8dit-demo.png",
+                        help="PNG of the per-step error")
     # Set when the demo re-runs itself under TRITON_INTERPRET=1 (no loop if that fails).
     parser.add_argument("--_reexec", action="store_true", help=argparse.SUPPRESS)
 
@@ -99,6 +110,16 @@ def _kernels_interpreted() -> bool:
 def run(args) -> int:
     import torch
 
+    from . import env
+    from .api import check_recipe
+
+    try:  # the FP8DIT_* variables the denoising loop reads, before minutes of model building
+        check_recipe(None)
+        env.default_backend()
+        env.plan_cache_size()
+    except ValueError as e:
+        print(f"fp8dit demo: error: {e}", file=sys.stderr)
+        return 2
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
