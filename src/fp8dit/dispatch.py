@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import env
-from .plan import MAX_HEAD_DIM
+from .plan import MAX_HEAD_DIM, padded_head_dim
 
 logger = logging.getLogger("fp8dit")
 
@@ -33,6 +33,9 @@ class Backend:
     name: str
     description: str
     check: Callable[..., str | None]  # (q, k, v, is_causal) -> None or reason
+    # Only for backend="auto": a reason to prefer the next backend although this one can run
+    # (measured slower there). A backend asked for by name ignores it.
+    auto_check: Callable[..., str | None] | None = None
 
 
 # Plain dict rather than functools.lru_cache: torch.compile traces through this module, and
@@ -88,6 +91,20 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
+# Padded head dims where the FP8 kernel is slower than cuDNN on the GPUs it was measured on
+# (H200, 2026-12-02, benchmarks/NOTES.md: D=256 at 0.62x of SDPA cuDNN, best tile config).
+FP8_SLOWER_HEAD_DIMS = (256,)
+
+
+def fp8_not_preferred_reason(q, k, v, is_causal=False) -> str | None:
+    if q.device.type != "cuda":
+        return None
+    if padded_head_dim(q.shape[-1]) in FP8_SLOWER_HEAD_DIMS:
+        return (f"head_dim {q.shape[-1]} runs in 256-wide tiles, where the FP8 kernel measured "
+                "0.62x the speed of SDPA cuDNN on an H200; backend='fp8' still runs it")
+    return None
+
+
 def _always(q, k, v, is_causal=False) -> str | None:
     return None
 
@@ -97,6 +114,7 @@ BACKENDS: dict[str, Backend] = {
         "fp8",
         "fp8dit persistent kernel: INT8/FP8 QK, FP8 PV (Triton)",
         fp8_unsupported_reason,
+        auto_check=fp8_not_preferred_reason,
     ),
     "sdpa": Backend("sdpa", "torch scaled_dot_product_attention in the input dtype", _always),
 }
@@ -118,7 +136,10 @@ def resolve(backend: str, q, k, v, is_causal: bool = False) -> tuple[str, str]:
     if backend == "auto":
         skipped = []
         for name in AUTO_ORDER:
-            reason = BACKENDS[name].check(q, k, v, is_causal)
+            be = BACKENDS[name]
+            reason = be.check(q, k, v, is_causal)
+            if reason is None and be.auto_check is not None:
+                reason = be.auto_check(q, k, v, is_causal)
             if reason is None:
                 why = f"auto: {BACKENDS[name].description}"
                 if skipped:

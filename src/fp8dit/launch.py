@@ -7,6 +7,7 @@ happens once, in :mod:`fp8dit.api`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from .kernels.quantize import (
     quantize_q_kernel,
 )
 from .kernels.reduce import merge_partials_kernel
-from .plan import STATS_CHUNK, Plan, PlanKey, get_plan, padded_head_dim
+from .plan import Plan, PlanKey, get_plan, padded_head_dim
 from .recipes import Recipe
 
 LOG2E = 1.4426950408889634
@@ -38,18 +39,19 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Benchmarks set entries here to sweep tile configurations (key: padded head dim).
+# Benchmarks set entries here to sweep tile configurations (key: padded head dim); an entry's
+# "kernel_flags" dict is passed to the attention kernel as extra constexprs (A/B variants).
 TILE_OVERRIDES: dict[int, dict] = {}
 
 
 def tile_config(head_dim_padded: int, device: torch.device) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here)."""
     # Measured on an H200 (benchmarks/NOTES.md, 2026-12-02): 64-row query tiles, 4 warps and two
-    # programs per SM beat 128-row tiles with 8 warps by 1.2x at Wan 720p (696 vs 579 TFLOPS)
-    # and 1.3x at CogVideoX (d64). D=256 is not timed yet: 64x64 tiles with 8 warps are chosen
-    # from the sm_90 SASS (60 spilled registers against 383 for 128x64; tests/tools).
+    # programs per SM beat 128-row tiles with 8 warps by 1.2x at Wan 720p (711 vs 584 TFLOPS)
+    # and 1.3x at CogVideoX (d64). D=256: 64x64 tiles with 4 warps, 412 TFLOPS against 299-405
+    # for 8 warps or 128-wide tiles (still 0.62x cuDNN there, so auto prefers SDPA at D=256).
     if head_dim_padded >= 256:
-        cfg = dict(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=2)
+        cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
     else:
         cfg = dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
     cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
@@ -153,11 +155,12 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     if plan.n_chunks:
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
-            DP=Dp, CHUNK=STATS_CHUNK, SUB=2048 // Dp, num_warps=4,
+            DP=Dp, CHUNK=plan.stats_chunk, SUB=2048 // Dp, num_warps=4,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
-            DP=Dp, CHUNK=STATS_CHUNK, SMOOTH_K=recipe.smooth_k, CENTER_V=recipe.center_v,
+            DP=Dp, CHUNK=plan.stats_chunk, ROWS=8, SMOOTH_K=recipe.smooth_k,
+            CENTER_V=recipe.center_v,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
         quantize_kv_kernel[(plan.max_k_blocks, Hkv, B)](
@@ -185,13 +188,14 @@ def _tensor_abs_max(plan: Plan, q, q_strides, k, k_strides, v, v_strides, tabs, 
     """
     key = plan.key
     B, H, Hkv = len(key.q_lens), key.num_heads, key.num_kv_heads
-    n_chunks = max(1, -(-max(*key.q_lens, *key.k_lens) // STATS_CHUNK))
+    chunk = plan.stats_chunk
+    n_chunks = max(1, -(-max(*key.q_lens, *key.k_lens) // chunk))
     part = torch.empty(3, B, H, n_chunks, device=amax.device, dtype=torch.float32)
     qkv_abs_max_kernel[(n_chunks, H, B)](
         q, k, v, tabs["seq"], part, *q_strides, *k_strides, *v_strides,
         key.head_dim, n_chunks, H // Hkv,
         # 2048-element tiles (16 per thread): larger ones spill on sm_90 (compiled, not run).
-        DP=plan.head_dim_padded, CHUNK=STATS_CHUNK, SUB=2048 // plan.head_dim_padded,
+        DP=plan.head_dim_padded, CHUNK=chunk, SUB=2048 // plan.head_dim_padded,
         num_warps=4,
     )
     abs_max_finalize_kernel[(3,)](part, amax, B * H * n_chunks, BLOCK=1024, num_warps=4)
@@ -216,6 +220,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
             num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
+            **cfg.get("kernel_flags", {}),
         )
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
@@ -241,8 +246,10 @@ def launch_fp8_attention(
     out, out_strides, lse, lse_strides,
 ) -> None:
     """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
-    ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides)
-    attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides)
+    # Triton launches on the current CUDA device, not on the tensors' one.
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides)
+        attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides)
 
 
 def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:

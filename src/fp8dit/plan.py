@@ -38,12 +38,23 @@ from .kernels.reduce import R_FIELDS
 # Padded head dims the kernels are compiled for; any D up to 256 is zero-padded to the next one.
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 MAX_HEAD_DIM = SUPPORTED_HEAD_DIMS[-1]
-# Tokens per chunk of the K/V channel-statistics pass.
-STATS_CHUNK = 512
+# Tokens per chunk of the K/V channel-statistics pass: the longest chunk that still gives at
+# least STATS_MIN_PROGRAMS programs. Each program walks its chunk serially, so at Flux's 4,608
+# tokens 512-token chunks left 216 latency-bound programs on 132 SMs.
+STATS_CHUNKS = (512, 256, 128, 64)
+STATS_MIN_PROGRAMS = 1024
 # Splitting the tail pays only when it removes more imbalance than this (fraction of the mean).
 SPLIT_THRESHOLD = 0.02
 # Smallest kv range (in blocks) worth a partial output and a merge.
 MIN_PIECE_BLOCKS = 1
+
+
+def stats_chunk(max_k_len: int, n_seq_heads: int) -> int:
+    """Tokens per chunk of the channel-statistics pass (see ``STATS_CHUNKS``)."""
+    for chunk in STATS_CHUNKS:
+        if n_seq_heads * _cdiv(max_k_len, chunk) >= STATS_MIN_PROGRAMS:
+            return chunk
+    return STATS_CHUNKS[-1]
 
 
 def padded_head_dim(d: int) -> int:
@@ -83,6 +94,7 @@ class Plan:
     max_q_blocks: int
     max_k_blocks: int
     n_chunks: int  # channel-statistics chunks per sequence (max over sequences)
+    stats_chunk: int  # tokens per channel-statistics chunk
     n_partials: int
     seq: np.ndarray  # [B, SEQ_FIELDS] int32
     work: np.ndarray  # [n_work, W_FIELDS] int32, grouped by program
@@ -235,6 +247,7 @@ def build_plan(key: PlanKey) -> Plan:
     work = np.asarray(work_rows, dtype=np.int32).reshape(-1, W_FIELDS)
     reduce = np.asarray(reduce_rows, dtype=np.int32).reshape(-1, R_FIELDS)
     max_k = max(key.k_lens) if key.k_lens else 0
+    chunk = stats_chunk(max_k, len(key.k_lens) * key.num_kv_heads)
     return Plan(
         key=key,
         head_dim_padded=Dp,
@@ -243,7 +256,8 @@ def build_plan(key: PlanKey) -> Plan:
         n_kblocks=k_pad // BN,
         max_q_blocks=max((_cdiv(x, BM) for x in key.q_lens), default=0),
         max_k_blocks=max((_cdiv(x, BN) for x in key.k_lens), default=0),
-        n_chunks=_cdiv(max_k, STATS_CHUNK),
+        n_chunks=_cdiv(max_k, chunk),
+        stats_chunk=chunk,
         n_partials=n_slots,
         seq=seq.astype(np.int32),
         work=work,

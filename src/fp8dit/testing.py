@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .kernels.attention import P_SHIFT
+from .kernels.common import V_GRID_PHI
+
 __all__ = [
     "ErrorStats",
     "attention_ref",
@@ -231,6 +234,13 @@ def _int8_round(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5)).clamp(-127, 127)
 
 
+def _v_block_log2_scale(n_tokens: int, block_n: int, device) -> torch.Tensor:
+    """Per token: its kv block's log2 V grid factor, as ``kernels.common.v_block_log2_scale``."""
+    kb = (torch.arange(n_tokens, device=device) // block_n).to(torch.float32)
+    r = kb * V_GRID_PHI.value
+    return r - torch.floor(r)
+
+
 def tensor_abs_max(*tensors) -> tuple[float, ...]:
     """Largest |x| of each tensor (the per-tensor recipe's amax), as the kernels floor it."""
     return tuple(max(float(t.float().abs().amax()), 1e-8) for t in tensors)
@@ -242,8 +252,9 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
     """The recipe's quantization done in torch (fp32 math), attention in float64.
 
     It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
-    after smoothing, per-channel V after centering, P scaled to [0, 256] in fp8; one scale per
-    tensor for ``scales="tensor"``; P and V in bf16 for ``pv="bf16"``), but uses the exact row
+    after smoothing, per-channel V after centering with each kv block's grid stretched, P
+    scaled to [0, 256] in fp8; one scale per tensor for ``scales="tensor"``; P and V in bf16
+    for ``pv="bf16"``), but uses the exact row
     max instead of the kernel's running max. Kernel error should sit within a small factor of
     this emulation's error: anything more is a bug, not precision.
 
@@ -286,7 +297,9 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
             vs = torch.tensor(va / 448.0)
         else:
             vs = vc.abs().amax(dim=2, keepdim=True).clamp_min(1e-8) / 448.0
-        v_dq = _fp8_round(vc / vs) * vs
+        # Block b's fp8 grid is stretched by 2^g_b (the kernels' v_block_log2_scale).
+        tau = torch.exp2(_v_block_log2_scale(Sk, block_n, vh.device))[None, None, :, None]
+        v_dq = _fp8_round(vc / (vs * tau)) * vs * tau
     g = H // Hkv
     k_dq = k_dq.repeat_interleave(g, 1).double()
     v_dq = v_dq.repeat_interleave(g, 1).double()
@@ -296,7 +309,10 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         cols = torch.arange(Sk, device=s.device)[None, :]
         s = s.masked_fill(cols > rows, float("-inf"))
     m = s.amax(-1, keepdim=True)
-    p = torch.exp(s - m) * 256.0
-    p8 = (p.float().to(torch.bfloat16) if pv_bf16 else _fp8_round(p.float())).double()
+    p = torch.exp(s - m) * 2.0 ** P_SHIFT.value
+    if pv_bf16:
+        p8 = p.float().to(torch.bfloat16).double()
+    else:
+        p8 = _fp8_round(p.float()).double()
     out = torch.matmul(p8, v_dq) / p.sum(-1, keepdim=True) + v_mean.repeat_interleave(g, 1)
     return out.transpose(1, 2) if layout == "NHD" else out

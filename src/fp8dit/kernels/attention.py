@@ -8,21 +8,24 @@ fp32 partial output and its LSE to the plan-sized partial buffers for the reduce
 Q, K and V tiles arrive through tensor descriptors (TMA on Hopper): no per-element address
 registers, asynchronous copies that the compiler pipelines over ``num_stages`` buffers.
 
-Inner loop per kv block (scores kept in log2 units, scales folded):
-    s = dot(q8, k8^T)                       int8 x int8 -> int32 (or fp8 x fp8 -> fp32)
-    t = s * (q_scale[row] * k_scale[block])  q_scale already holds softmax_scale * log2(e)
-    p = exp2(t - m + P_SHIFT)               P in [0, 2^P_SHIFT]: uses fp8's range, not just [0,1]
-    acc = acc * alpha + dot(fp8(p), v8)      two-level: each block's PV starts from zero in fp32
+Inner loop per kv block b (scores kept in log2 units, scales folded):
+    s = dot(q8, k8^T)                        int8 x int8 -> int32 (or fp8 x fp8 -> fp32)
+    t = s * (q_scale[row] * k_scale[b])      q_scale already holds softmax_scale * log2(e)
+    p = exp2(t - m + P_SHIFT)                P in [0, 2^P_SHIFT]: fp8's range, not just [0, 1]
+    l = l * alpha + rowsum(p)
+    acc = acc * alpha * 2^(g_{b-1} - g_b) + dot(fp8(p), v8)     two-level: fresh fp32 per block
+where 2^g_b in [1, 2) is block b's V grid factor (``common.v_block_log2_scale``): V of block b
+was quantized divided by it, so acc is kept in block b's frame (true acc = acc * 2^g_b) and the
+change of frame rides on the per-row rescale: no per-element cost.
 
 ``PV_BF16`` (recipe ``int8qk-bf16pv``): P is rounded to bf16 instead of fp8 and V arrives in
-bf16 (same transposed layout), so the PV dot is bf16 x bf16 -> fp32; the default compiles as
-before.
+bf16 (same transposed layout, no grid factor), so the PV dot is bf16 x bf16 -> fp32.
 """
 
 import triton
 import triton.language as tl
 
-from .common import cast_for_store, to_bf16, to_fp8_e4m3
+from .common import cast_for_store, p_to_fp8, to_bf16, v_block_log2_scale
 
 # Work-item fields (int32 columns of the plan's work table).
 W_SEQ = 0
@@ -33,45 +36,69 @@ W_KV_HI = 4  # last kv block (exclusive)
 W_SLOT = 5  # partial-output slot, or -1 when the item writes the final output
 W_FIELDS = 6
 
-# p is computed as exp2(t - m + P_SHIFT) so its largest value is 2^P_SHIFT = 256 (< 448, e4m3's
-# max): small probabilities keep more mantissa in fp8 than they would in [0, 1].
-P_SHIFT = 8.0
+# p = exp2(t - m + P_SHIFT) is at most 2^P_SHIFT = 256 < 448 (e4m3's max): small probabilities
+# keep more mantissa in fp8 than they would in [0, 1].
+P_SHIFT = tl.constexpr(8.0)
 
 # int32 -> fp32 without the conversion unit (16/clk/SM on Hopper, as slow as exp2): for
-# |x| < 2^22, the bits of x + 0x4B400000 are the float 1.5 * 2^23 + x exactly. An integer add
-# and a float subtract run on the fast pipes.
+# |x| < 2^22, the bits of x + 0x4B400000 are the float 1.5 * 2^23 + x exactly.
 I2F_MAGIC_BITS = tl.constexpr(0x4B400000)
 I2F_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit
+def _row_max(x, BLOCK_N: tl.constexpr):
+    """Row max of a [BLOCK_M, BLOCK_N] tile as short independent chains.
+
+    A plain ``tl.max`` compiled to one serial FMNMX chain per row (32 deep per thread at 64x128
+    with 4 warps), which the 1-2 warps per scheduler of this kernel cannot hide. The reshape
+    keeps the accumulator layout (no data movement; checked in the sm_90 SASS).
+    """
+    x4 = tl.reshape(x, [x.shape[0], 4, BLOCK_N // 32, 8])
+    return tl.max(tl.max(tl.max(x4, 2), 1), 1)
+
+
+@triton.jit
+def _row_sum(x, BLOCK_N: tl.constexpr):
+    x4 = tl.reshape(x, [x.shape[0], 4, BLOCK_N // 32, 8])
+    return tl.sum(tl.sum(tl.sum(x4, 2), 1), 1)
+
+
+@triton.jit
 def _attn_block(
     acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row, v_row, v_col, k_scale,
-    kv_col0, rows, k_len, offs_n,
+    kb, kv_col0, rows, k_len, offs_n,
     MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr, PV_BF16: tl.constexpr,
 ):
+    BLOCK_N: tl.constexpr = offs_n.shape[0]
     k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
+    c = q_scale * k_scale  # [BLOCK_M], > 0
     if QK_INT8:
+        # Scores stay offset by I2F_MAGIC: s_f = s + MAGIC exactly. max() commutes with the
+        # offset and exp2's per-row bias absorbs it, so there is no per-element subtraction.
+        # MAGIC * c rounds by at most 0.75 * c: under one unit of the integer dot.
         s_i = tl.dot(q, k.T, out_dtype=tl.int32)
-        s = (s_i + I2F_MAGIC_BITS).to(tl.float32, bitcast=True) - I2F_MAGIC
+        s = (s_i + I2F_MAGIC_BITS).to(tl.float32, bitcast=True)
+        offset = I2F_MAGIC
     else:
         s = tl.dot(q, k.T)  # [BLOCK_M, BLOCK_N] fp32
-    c = q_scale * k_scale  # [BLOCK_M], > 0
+        offset = 0.0
     if MASK:
         cols = kv_col0 + offs_n
         valid = (cols < k_len)[None, :]
         if IS_CAUSAL:
             valid = valid & (cols[None, :] <= rows[:, None])
         s = tl.where(valid, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+    m_new = tl.maximum(m_i, (_row_max(s, BLOCK_N) - offset) * c)
     # A row with no valid column yet (split piece above the causal diagonal) keeps m = -inf;
     # use 0 as its reference so exp2 sees -inf - 0 instead of -inf - -inf.
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_ref)
-    p = tl.math.exp2(s * c[:, None] - (m_ref - 8.0)[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p = tl.math.exp2(s * c[:, None] - (m_ref - P_SHIFT + offset * c)[:, None])
+    l_i = l_i * alpha + _row_sum(p, BLOCK_N)
     if PV_BF16:
+        acc_alpha = alpha
         p16 = to_bf16(p, SOFT_FP8_CAST)
         vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] bf16
         if SOFT_FP8_CAST:
@@ -81,10 +108,12 @@ def _attn_block(
         else:
             pv = tl.dot(p16, vt.T)
     else:
-        p8 = to_fp8_e4m3(p, SOFT_FP8_CAST)
+        # From block kb-1's V grid frame to block kb's (a scalar per block).
+        acc_alpha = alpha * tl.math.exp2(v_block_log2_scale(kb - 1) - v_block_log2_scale(kb))
+        p8 = p_to_fp8(p, SOFT_FP8_CAST)  # p <= 2^P_SHIFT < 448: no clamp needed
         vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
         pv = tl.dot(p8, vt.T)
-    acc = acc * alpha[:, None] + pv
+    acc = acc * acc_alpha[:, None] + pv
     return acc, l_i, m_new
 
 
@@ -146,14 +175,14 @@ def attention_fwd_persistent_kernel(
             col0 = kb * BLOCK_N
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
-                k_pad + col0, tl.load(ks_base + kb), col0, rows, k_len, offs_n,
+                k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
                 False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16,
             )
         for kb in range(hi_fast, kv_hi):
             col0 = kb * BLOCK_N
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
-                k_pad + col0, tl.load(ks_base + kb), col0, rows, k_len, offs_n,
+                k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
                 True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16,
             )
 
@@ -162,11 +191,13 @@ def attention_fwd_persistent_kernel(
         v_mean = tl.load(v_mean_ptr + vbase + offs_d)
         empty = l_i == 0.0
         inv_l = tl.where(empty, 0.0, 1.0 / l_i)
+        if not PV_BF16:
+            inv_l = inv_l * tl.math.exp2(v_block_log2_scale(kv_hi - 1))  # out of the V frame
         o = acc * inv_l[:, None] * v_scale[None, :] + v_mean[None, :]
         o = tl.where(empty[:, None], 0.0, o)
         # lse in natural log: (m + log2(l) - P_SHIFT) * ln 2, plus the K-smoothing shift.
         corr = tl.load(q_lse_corr_ptr + q_row + offs_m)
-        lse = (m_i + tl.math.log2(l_i) - 8.0) * 0.6931471805599453 + corr
+        lse = (m_i + tl.math.log2(l_i) - P_SHIFT) * 0.6931471805599453 + corr
         lse = tl.where(empty, float("-inf"), lse)
         if slot < 0:
             rmask = rows < q_len
