@@ -163,3 +163,28 @@ def test_opcheck_custom_ops():
         torch.ops.fp8dit.attention_varlen_fp8.default,
         (qp, qp, qp, cu, cu, 0.125, True, "int8qk-fp8pv", 0),
     )
+
+
+def test_auto_preferences_follow_the_measured_crossovers():
+    """On CUDA, auto skips FP8 where it measured slower than SDPA cuDNN (short sequences,
+    head dims padded to 256); CPU (interpreter) runs are never redirected."""
+    from types import SimpleNamespace
+
+    from fp8dit import dispatch
+
+    def fake(d, device="cuda"):
+        return SimpleNamespace(device=torch.device(device), shape=(1, 8, 2, d))
+
+    floor = dispatch.FP8_MIN_TOKENS[128]
+    assert dispatch.effective_tokens([4096], [4096]) == 4096
+    # Wan cross-attention: 75,600 queries against 512 text keys is ~1,000 effective tokens.
+    assert 1000 < dispatch.effective_tokens([75600], [512]) < 1030
+    q = fake(128)
+    assert dispatch.fp8_not_preferred_reason(q, q, q, False, floor) is None
+    why = dispatch.fp8_not_preferred_reason(q, q, q, False, floor - 1)
+    assert why and "too short" in why and str(floor) in why
+    assert "256" in dispatch.fp8_not_preferred_reason(fake(200), None, None, False, 10**6)
+    assert dispatch.fp8_not_preferred_reason(fake(128, "cpu"), None, None, False, 1) is None
+    # A backend named explicitly ignores these preferences; on CPU auto still picks FP8.
+    qq, kk, vv = (torch.randn(1, 64, 2, 64).bfloat16() for _ in range(3))
+    assert fp8dit.select_backend(qq, kk, vv)[0] == "fp8"

@@ -137,9 +137,10 @@ def select_backend(q, k, v, *, is_causal: bool = False, layout: str = "NHD",
     -------
     >>> name, why = fp8dit.select_backend(q, k, v)
     """
-    _dense_dims(q, k, v, layout)
+    B, _, _, Sq, Sk, _ = _dense_dims(q, k, v, layout)
     _check_bool("is_causal", is_causal)
-    return dispatch.resolve(backend, q, k, v, is_causal)
+    return dispatch.resolve(backend, q, k, v, is_causal,
+                            dispatch.effective_tokens([Sq] * B, [Sk] * B))
 
 
 def attention(
@@ -198,7 +199,8 @@ def attention(
         out = torch.zeros_like(q)
         lse = torch.full((B, H, Sq), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
-    name, _ = dispatch.resolve(backend, q, k, v, is_causal)
+    name, _ = dispatch.resolve(backend, q, k, v, is_causal,
+                               dispatch.effective_tokens([Sq] * B, [Sk] * B))
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_fp8(
@@ -309,7 +311,8 @@ def attention_varlen(
         out = torch.zeros_like(q)
         lse = torch.full((H, 0), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
-    name, _ = dispatch.resolve(backend, q, k, v, is_causal)
+    name, _ = dispatch.resolve(backend, q, k, v, is_causal,
+                               dispatch.effective_tokens(q_lens, k_lens))
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_varlen_fp8(

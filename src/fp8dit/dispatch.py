@@ -34,7 +34,9 @@ class Backend:
     description: str
     check: Callable[..., str | None]  # (q, k, v, is_causal) -> None or reason
     # Only for backend="auto": a reason to prefer the next backend although this one can run
-    # (measured slower there). A backend asked for by name ignores it.
+    # (measured slower there). (q, k, v, is_causal, tokens) -> None or reason, where tokens is
+    # the call's effective sequence length (see effective_tokens). A backend asked for by name
+    # ignores it.
     auto_check: Callable[..., str | None] | None = None
 
 
@@ -94,14 +96,34 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # Padded head dims where the FP8 kernel is slower than cuDNN on the GPUs it was measured on
 # (H200, 2026-12-02, benchmarks/NOTES.md: D=256 at 0.62x of SDPA cuDNN, best tile config).
 FP8_SLOWER_HEAD_DIMS = (256,)
+# Below these effective lengths (tokens; key: padded head dim) quantization and launches cost
+# more than FP8 saves: measured crossovers against SDPA cuDNN on the H200 (benchmarks/NOTES.md,
+# "crossover"): D=128, 24 heads: 0.96x at 6,144 tokens, 1.03x at 8,192; D=64, 48 heads: 0.92x
+# at 16,384, 1.04x at 17,776 (CogVideoX). Cross-attention to short text keys (Wan: 512) lands
+# here too.
+FP8_MIN_TOKENS = {64: 17000, 128: 8192}
 
 
-def fp8_not_preferred_reason(q, k, v, is_causal=False) -> str | None:
+def effective_tokens(q_lens, k_lens) -> float:
+    """2 * sum(Sq * Sk) / sum(Sq + Sk): attention work per quantized token, scaled so that a
+    self-attention of length S gives S (cross-attention to 512 keys gives about 1,000)."""
+    num = sum(int(a) * int(b) for a, b in zip(q_lens, k_lens))
+    den = sum(int(a) + int(b) for a, b in zip(q_lens, k_lens))
+    return 2.0 * num / den if den else 0.0
+
+
+def fp8_not_preferred_reason(q, k, v, is_causal=False, tokens=None) -> str | None:
     if q.device.type != "cuda":
         return None
-    if padded_head_dim(q.shape[-1]) in FP8_SLOWER_HEAD_DIMS:
+    dp = padded_head_dim(q.shape[-1])
+    if dp in FP8_SLOWER_HEAD_DIMS:
         return (f"head_dim {q.shape[-1]} runs in 256-wide tiles, where the FP8 kernel measured "
                 "0.62x the speed of SDPA cuDNN on an H200; backend='fp8' still runs it")
+    floor = FP8_MIN_TOKENS.get(dp)
+    if tokens is not None and floor is not None and tokens < floor:
+        return (f"sequence too short for FP8 to pay: {tokens:.0f} effective tokens, under the "
+                f"{floor} where it measured faster than SDPA cuDNN on an H200 at head_dim <= "
+                f"{dp}; backend='fp8' still runs it")
     return None
 
 
@@ -129,8 +151,12 @@ def _log_once(msg: str) -> None:
         logger.warning(msg)
 
 
-def resolve(backend: str, q, k, v, is_causal: bool = False) -> tuple[str, str]:
-    """(backend name, reason) for a call; raises if a named backend cannot run."""
+def resolve(backend: str, q, k, v, is_causal: bool = False,
+            tokens: float | None = None) -> tuple[str, str]:
+    """(backend name, reason) for a call; raises if a named backend cannot run.
+
+    ``tokens``: the call's effective length (:func:`effective_tokens`), for ``auto``'s
+    preferences; None skips the length preference."""
     if backend == "auto":
         backend = env.default_backend()
     if backend == "auto":
@@ -139,7 +165,7 @@ def resolve(backend: str, q, k, v, is_causal: bool = False) -> tuple[str, str]:
             be = BACKENDS[name]
             reason = be.check(q, k, v, is_causal)
             if reason is None and be.auto_check is not None:
-                reason = be.auto_check(q, k, v, is_causal)
+                reason = be.auto_check(q, k, v, is_causal, tokens)
             if reason is None:
                 why = f"auto: {BACKENDS[name].description}"
                 if skipped:
