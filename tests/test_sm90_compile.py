@@ -62,7 +62,8 @@ class _Recorder:
         launcher = self.kernel[grid]
 
         def run(*args, **kwargs):
-            opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+            opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
+                    if k in kwargs}
             bound = dict(zip(self.names, args))
             bound.update(kwargs)
             sig, const = {}, {}
@@ -75,7 +76,8 @@ class _Recorder:
                     sig[n] = _arg_type(bound[n])
             self.sink.append(dict(module=self.module, name=self.name, signature=sig,
                                   constexprs=const, num_warps=opts.get("num_warps", 4),
-                                  num_stages=opts.get("num_stages", 3)))
+                                  num_stages=opts.get("num_stages", 3),
+                                  maxnreg=opts.get("maxnreg")))
             return launcher(*args, **kwargs, **opts)
 
         return run

@@ -47,11 +47,16 @@ TILE_OVERRIDES: dict[int, dict] = {}
 def tile_config(head_dim_padded: int, device: torch.device) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here)."""
     # Measured on an H200 (benchmarks/NOTES.md, 2026-12-02): 64-row query tiles, 4 warps and two
-    # programs per SM beat 128-row tiles with 8 warps by 1.2x at Wan 720p (711 vs 584 TFLOPS)
-    # and 1.3x at CogVideoX (d64). D=256: 64x64 tiles with 4 warps, 412 TFLOPS against 299-405
-    # for 8 warps or 128-wide tiles (still 0.62x cuDNN there, so auto prefers SDPA at D=256).
+    # programs per SM beat 128-row tiles with 8 warps by 1.2-1.3x at Wan 720p (741 vs 583
+    # TFLOPS). D=64 (CogVideoX): three programs per SM, registers capped at 168 and two stages
+    # (shared memory), 460 against 438 TFLOPS; at D=128 the same is a tie (738 vs 741).
+    # D=256: 64x64 tiles with 4 warps, 412 TFLOPS against 299-405 for 8 warps or 128-wide tiles
+    # (still 0.62x cuDNN, so auto prefers SDPA at D=256).
     if head_dim_padded >= 256:
         cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
+    elif head_dim_padded <= 64:
+        cfg = dict(block_m=64, block_n=128, num_warps=4, num_stages=2, programs_per_sm=3,
+                   maxnreg=168)
     else:
         cfg = dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
     cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
@@ -220,7 +225,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
             num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
-            **cfg.get("kernel_flags", {}),
+            **_register_cap(cfg, out.device), **cfg.get("kernel_flags", {}),
         )
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
@@ -229,6 +234,15 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(),
             num_warps=_tile_warps(BM, Dp),
         )
+
+
+def _register_cap(cfg: dict, device: torch.device) -> dict:
+    """``maxnreg`` when the config caps registers (three programs per SM need at most
+    65,536 / (3 * 128) = 170 per thread; ptxas otherwise takes all 255). The interpreter
+    ignores it; passing it there lets the sm_90 SASS test record it."""
+    if cfg.get("maxnreg"):
+        return {"maxnreg": cfg["maxnreg"]}
+    return {}
 
 
 def _num_stages(cfg: dict, ws: Workspace) -> int:

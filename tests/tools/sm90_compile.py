@@ -63,7 +63,9 @@ def main(path: str) -> int:
             src = ASTSource(fn=fn, signature=rec["signature"], constexprs=rec["constexprs"])
             ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": rec["num_warps"],
-                                         "num_stages": rec["num_stages"]})
+                                         "num_stages": rec["num_stages"],
+                                         **({"maxnreg": rec["maxnreg"]}
+                                            if rec.get("maxnreg") else {})})
             with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
                 f.write(ck.asm["cubin"])
             sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name],
