@@ -6,6 +6,8 @@ shows, and is timed with ``triton.testing.do_bench`` (median). fp8dit is timed t
 
 - ``fp8dit``: ``fp8dit.attention(q, k, v, backend="fp8")``, bf16 in and out, quantization,
   allocation and host work included (what a model sees);
+- ``fp8dit-auto``: ``backend="auto"``, what a user gets by default: FP8 where it was measured
+  to pay, SDPA otherwise (short sequences, head dim 256; ``fp8dit.dispatch``);
 - ``fp8dit-kernel``: only the persistent attention kernel and the split-KV merge, on inputs
   already quantized (``fp8dit.launch.attention_stage``);
 - ``fp8dit-quant``: only the quantization kernels (K/V channel statistics, K/V and Q quantize;
@@ -45,6 +47,7 @@ from .presets import PRESETS, Shape, ShapeError, parse_shape, resolve_shapes
 
 BACKENDS = {
     "fp8dit": "fp8dit.attention(backend='fp8'): bf16 in/out, quantization included",
+    "fp8dit-auto": "fp8dit.attention(backend='auto'): FP8 where it pays, else SDPA",
     "fp8dit-kernel": "fp8dit persistent attention kernel + merge only, inputs pre-quantized",
     "fp8dit-quant": "fp8dit quantization kernels only (K/V stats, K/V and Q quantize)",
     "sdpa-cudnn": "torch SDPA, SDPBackend.CUDNN_ATTENTION, bf16",
@@ -52,7 +55,8 @@ BACKENDS = {
     "sageattn": "SageAttention sageattn (int8 QK, fp16 PV, Triton), when importable",
     "sdpa-math": "torch SDPA, SDPBackend.MATH (the CPU reference of --smoke)",
 }
-GPU_BACKENDS = ("fp8dit", "fp8dit-kernel", "fp8dit-quant", "sdpa-cudnn", "sdpa-flash", "sageattn")
+GPU_BACKENDS = ("fp8dit", "fp8dit-auto", "fp8dit-kernel", "fp8dit-quant", "sdpa-cudnn",
+                "sdpa-flash", "sageattn")
 SMOKE_BACKENDS = ("fp8dit", "fp8dit-kernel", "fp8dit-quant", "sdpa-math", "sdpa-cudnn",
                   "sdpa-flash", "sageattn")
 SMOKE_SHAPE = "1,2,128,64"
@@ -223,14 +227,19 @@ def _need_cuda(case: Case, what: str) -> None:
         raise Unavailable(f"{what} needs a CUDA GPU")
 
 
-def _make_fp8dit(case: Case):
+def _make_fp8dit(case: Case, backend: str = "fp8"):
     import fp8dit
 
     def fn(i):
         q, k, v = case.sets[i]
-        return fp8dit.attention(q, k, v, layout=case.layout, backend="fp8", recipe=case.recipe)
+        return fp8dit.attention(q, k, v, layout=case.layout, backend=backend,
+                                recipe=case.recipe)
 
     return fn
+
+
+def _make_fp8dit_auto(case: Case):
+    return _make_fp8dit(case, backend="auto")
 
 
 def _make_fp8dit_kernel(case: Case):
@@ -303,6 +312,7 @@ def _make_sage(case: Case):
 
 MAKERS = {
     "fp8dit": _make_fp8dit,
+    "fp8dit-auto": _make_fp8dit_auto,
     "fp8dit-kernel": _make_fp8dit_kernel,
     "fp8dit-quant": _make_fp8dit_quant,
     "sdpa-cudnn": _make_sdpa("CUDNN"),
