@@ -22,7 +22,7 @@ from triton.testing import do_bench
 import fp8dit
 from fp8dit import launch
 from fp8dit.recipes import get_recipe
-from fp8dit.testing import error_stats, make_qkv
+from fp8dit.testing import attention_ref_rows, error_stats, make_qkv
 
 SHAPES = {  # name: (B, H, S, D)
     "wan2.2-a14b-720p": (1, 40, 75600, 128),
@@ -52,19 +52,6 @@ def log(*a):
 
 def tflops(B, H, S, D, ms):
     return 4 * B * H * S * S * D / (ms * 1e-3) / 1e12
-
-
-def fp64_rows_ref(q, k, v, heads, rows, scale):
-    """fp64 attention for a subset of heads and query rows (NHD inputs, MHA)."""
-    outs = []
-    for h in heads:
-        qh = q[0, rows, h].double()
-        kh = k[0, :, h].double()
-        vh = v[0, :, h].double()
-        s = (qh @ kh.T) * scale
-        p = torch.softmax(s, dim=-1)
-        outs.append(p @ vh)
-    return torch.stack(outs, 1)  # [rows, heads, D]
 
 
 def timeit(fn):
@@ -200,18 +187,12 @@ def main():
         out, lse = fp8dit.attention(q, k, v, backend="fp8", return_lse=True)
         heads = [0, 17, 39]
         rows = torch.randperm(S, device="cuda")[:2048]
-        ref = fp64_rows_ref(q, k, v, heads, rows, 1.0 / math.sqrt(D))
+        ref, lse_ref = attention_ref_rows(*(t[:, :, heads] for t in (q, k, v)), rows)
         st = error_stats(out[0, rows][:, heads], ref)
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             sd = torch.nn.functional.scaled_dot_product_attention(
                 *(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
         st_sd = error_stats(sd[0, rows][:, heads], ref)
-        # LSE for the same rows.
-        lse_ref = []
-        for h in heads:
-            s = (q[0, rows, h].double() @ k[0, :, h].double().T) / math.sqrt(D)
-            lse_ref.append(torch.logsumexp(s, -1))
-        lse_ref = torch.stack(lse_ref, 0)
         lse_err = (lse[0][heads][:, rows].double() - lse_ref).abs().max().item()
         results[f"accuracy-wan720-{family}"] = {"fp8dit": st.as_dict(), "cudnn": st_sd.as_dict(),
                                                 "lse_max_abs": lse_err}

@@ -22,7 +22,7 @@ import triton
 
 import fp8dit
 from fp8dit import launch
-from fp8dit.testing import error_stats, make_qkv
+from fp8dit.testing import attention_ref_rows, error_stats, make_qkv
 
 BASE128 = dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
 # name -> (recipe, tile config for D<=128). Variants measured once and then removed from the
@@ -175,14 +175,7 @@ def part_drift():
         for S in (8192, 65536, 200000):
             q, k, v = make_qkv(1, 2, S, D, device="cuda", family=family, seed=S)
             rows = torch.randperm(S, device="cuda")[:1024]
-            refs, lses = [], []
-            for h in range(2):
-                s = (q[0, rows, h].double() @ k[0, :, h].double().T) / math.sqrt(D)
-                lses.append(torch.logsumexp(s, -1))
-                refs.append(torch.softmax(s, -1) @ v[0, :, h].double())
-                del s
-            ref = torch.stack(refs, 1)
-            lse_ref = torch.stack(lses, 0)
+            ref, lse_ref = attention_ref_rows(q, k, v, rows)
             for vname in DRIFT_VARIANTS:
                 recipe, cfg = SPEED_VARIANTS[vname]
                 use(cfg)

@@ -188,3 +188,14 @@ def test_auto_preferences_follow_the_measured_crossovers():
     # A backend named explicitly ignores these preferences; on CPU auto still picks FP8.
     qq, kk, vv = (torch.randn(1, 64, 2, 64).bfloat16() for _ in range(3))
     assert fp8dit.select_backend(qq, kk, vv)[0] == "fp8"
+
+
+def test_sampled_rows_reference_matches_the_full_one():
+    from fp8dit.testing import attention_ref, attention_ref_rows, make_qkv
+
+    q, k, v = make_qkv(2, 3, 100, 32, seed=1)
+    rows = torch.tensor([0, 5, 99])
+    out, lse = attention_ref_rows(q, k, v, rows, batch=1)
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True)
+    torch.testing.assert_close(out, ref[1, rows].double(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse[1][:, rows].double(), rtol=0, atol=1e-12)

@@ -322,6 +322,9 @@ def _demo(args, device) -> int:
           f"{'  NaN!' if stats.nan else ''}")
     fp8_layers = sum(1 for _, c in labelled if c["backend"] == "fp8")
     print(f"  {fp8_layers}/{len(labelled)} attention calls ran FP8; fp8dit {fp8dit.__version__}")
+    if fp8_layers == 0 and not interp:
+        print("  (these sequences are too short for FP8 to pay on this GPU, so every call ran "
+              "SDPA; try --preset wan2.2-a14b-720p --layers 2)")
 
     written = write_plot(args.out, lat_err, vel_err, title=f"fp8dit vs native, {args.preset}")
     if written:

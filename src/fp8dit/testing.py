@@ -105,6 +105,23 @@ def attention_varlen_ref(
     return (out, lse) if return_lse else out
 
 
+def attention_ref_rows(q, k, v, rows, *, batch: int = 0, scale: float | None = None):
+    """fp64 attention and LSE for chosen query ``rows`` of one batch entry (NHD, MHA), one head at
+    a time: the reference at lengths where the full fp64 matrix would not fit (200k tokens).
+
+    Returns (out [len(rows), H, D] float64, lse [H, len(rows)] float64).
+    """
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    outs, lses = [], []
+    for h in range(q.shape[2]):
+        s = (q[batch, rows, h].double() @ k[batch, :, h].double().T) * scale
+        lses.append(torch.logsumexp(s, -1))
+        outs.append(torch.softmax(s, -1) @ v[batch, :, h].double())
+        del s
+    return torch.stack(outs, 1), torch.stack(lses, 0)
+
+
 @dataclass(frozen=True)
 class ErrorStats:
     """Error of an approximation against a reference (all computed in float64)."""
