@@ -41,6 +41,7 @@ SPEED_VARIANTS = {
                                               maxnreg=168)),
     "64x64-2s-3p-r168": ("int8qk-fp8pv", dict(BASE128, block_n=64, num_stages=2,
                                               programs_per_sm=3, maxnreg=168)),
+    "rot": ("int8qk-fp8pv-rot", dict(BASE128)),
     "fp8-plain": ("fp8-plain", dict(BASE128)),
     "per-tensor-fp8": ("per-tensor-fp8", dict(BASE128)),
 }
@@ -133,6 +134,29 @@ def part_speed(shape=(1, 40, 75600, 128), name="wan2.2-a14b-720p", only=None):
            tflops=tflops(B, H, S, D, ms))
     del sets
     torch.cuda.empty_cache()
+
+
+def part_speed_rot():
+    part_speed(only=("default", "rot"))
+
+
+def part_rot():
+    """Hadamard-rotated Q/K against the default: accuracy vs fp64 (with LSE) on both families."""
+    for family in ("normal", "dit"):
+        for H, S in ((4, 8192), (2, 65536)):
+            q, k, v = make_qkv(1, H, S, 128, device="cuda", family=family, seed=S)
+            rows = torch.randperm(S, device="cuda")[:1024]
+            ref, lse_ref = attention_ref_rows(q, k, v, rows)
+            use(None)
+            for recipe in ("int8qk-fp8pv", "int8qk-fp8pv-rot"):
+                out, lse = fp8dit.attention(q, k, v, backend="fp8", recipe=recipe,
+                                            return_lse=True)
+                lerr = (lse[0][:, rows].double() - lse_ref).abs()
+                record(part="rot", family=family, H=H, S=S, recipe=recipe,
+                       **error_stats(out[0, rows], ref).as_dict(),
+                       lse_max_err=lerr.max().item(), lse_mean_err=lerr.mean().item())
+            del q, k, v
+            torch.cuda.empty_cache()
 
 
 def part_speed_cog():

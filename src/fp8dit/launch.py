@@ -34,6 +34,23 @@ LOG2E = 1.4426950408889634
 FP8 = torch.float8_e4m3fn
 
 
+_HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def hadamard(n: int, device: torch.device) -> torch.Tensor:
+    """Orthonormal Sylvester-Hadamard matrix [n, n] fp32 (n a power of two), one per device;
+    made on the first call with a rotating recipe (before any CUDA-graph capture, like the
+    plan's tables)."""
+    key = (n, str(device))
+    h = _HADAMARD.get(key)
+    if h is None:
+        h = torch.ones(1, 1, dtype=torch.float64)
+        while h.shape[0] < n:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        h = _HADAMARD[key] = (h / n ** 0.5).to(device=device, dtype=torch.float32)
+    return h
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -134,6 +151,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
     tabs = plan.tables(dev)
+    rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
     qk_dtype = torch.int8 if qk_int8 else FP8
     ws = Workspace(
@@ -170,16 +188,18 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         )
         quantize_kv_kernel[(plan.max_k_blocks, Hkv, B)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
-            *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
+            rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
-            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=_tile_warps(BN, Dp),
+            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
+            num_warps=_tile_warps(BN, Dp),
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
-            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, *q_strides,
+            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
+            ROTATE=recipe.rotate,
             num_warps=_tile_warps(BM, Dp),
         )
     return ws

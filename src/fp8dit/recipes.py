@@ -29,6 +29,9 @@ class Recipe:
     # "fp8": P scaled to [0, 256] and V (per-channel scale) in fp8 e4m3. "bf16": P and V in
     # bfloat16, no V scale (bf16 keeps V's range); twice the V bytes in shared memory.
     pv: str = "fp8"
+    # Rotate Q and K (K after smoothing) by an orthonormal Hadamard matrix along the head dim
+    # before quantizing (FlashAttention-3's incoherent processing): outlier channels spread out.
+    rotate: bool = False
 
     def __post_init__(self):
         if self.qk not in ("int8", "fp8") or self.scales not in ("fine", "tensor") \
@@ -47,6 +50,12 @@ RECIPES: dict[str, Recipe] = {
             "int8qk-fp8pv",
             "Q int8 per token, K smoothed + int8 per kv block, V centered + fp8 per channel, "
             "P fp8 scaled to [0, 256], PV accumulated per block into fp32",
+        ),
+        Recipe(
+            "int8qk-fp8pv-rot",
+            "as int8qk-fp8pv with Q and K rotated by a Hadamard matrix along the head dim before "
+            "quantizing (outlier channels spread over all channels)",
+            rotate=True,
         ),
         Recipe(
             "fp8",

@@ -291,6 +291,15 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
     if recipe.smooth_k:
         kh = kh - kh.mean(dim=2, keepdim=True)
+    if getattr(recipe, "rotate", False):  # in the kernels' zero-padded head dim
+        from .launch import hadamard
+        from .plan import padded_head_dim
+
+        dp = padded_head_dim(D)
+        rot = hadamard(dp, "cpu").to(qh.device)
+        pad = (0, dp - D)
+        qh = torch.nn.functional.pad(qh, pad) @ rot
+        kh = torch.nn.functional.pad(kh, pad) @ rot
     if per_tensor:
         qs = torch.tensor(qa / qmax)
     else:
@@ -302,9 +311,9 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
     else:
         nb = -(-Sk // block_n)
         kpad = torch.nn.functional.pad(kh, (0, 0, 0, nb * block_n - Sk))
-        kb = kpad.view(B, Hkv, nb, block_n, D)
+        kb = kpad.view(B, Hkv, nb, block_n, kh.shape[-1])
         ks = kb.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-8) / qmax
-        k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, D)[:, :, :Sk]
+        k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, kh.shape[-1])[:, :, :Sk]
     v_mean = vh.mean(dim=2, keepdim=True) if recipe.center_v else torch.zeros_like(vh[:, :, :1])
     vc = vh - v_mean
     if pv_bf16:
