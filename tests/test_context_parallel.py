@@ -36,6 +36,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from diffusers import ContextParallelConfig, WanTransformer3DModel  # noqa: E402
 
 import fp8dit  # noqa: E402
+from fp8dit.capture import attention_layer_outputs  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
 from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 
@@ -94,19 +95,6 @@ def _tiny_wan():
     return model, inputs
 
 
-def _forward(model, inputs):
-    """Final output and the output of every attention layer (after its projections), by name."""
-    layers = {}
-    hooks = [m.register_forward_hook(lambda mod, a, o, n=n: layers.__setitem__(n, o.detach()))
-             for n, m in model.named_modules()
-             if hasattr(getattr(m, "processor", None), "_attention_backend")]
-    try:
-        with torch.no_grad():
-            final = model(**inputs, return_dict=False)[0]
-    finally:
-        for h in hooks:
-            h.remove()
-    return final, layers
 
 
 def _qkv(case):
@@ -161,7 +149,7 @@ def _run_rank(rank):
         model.enable_parallelism(config=ContextParallelConfig(**degrees))
         with fd.record_calls() as calls:
             t0 = time.perf_counter()
-            out, layers = _forward(model, inputs)  # layers: this rank's tokens only
+            out, layers = attention_layer_outputs(model, inputs)  # layers: this rank's tokens only
             seconds = time.perf_counter() - t0
         results[mode] = dict(out=out, layers=layers, calls=list(calls), seconds=seconds)
 
@@ -237,10 +225,10 @@ def single():
     fd.register()
     model, inputs = _tiny_wan()
     fd.disable(model)
-    out = {"native": _forward(model, inputs)}
+    out = {"native": attention_layer_outputs(model, inputs)}
     fp8dit.enable(model)
     with fd.record_calls() as calls:
-        out["fp8dit"] = _forward(model, inputs)
+        out["fp8dit"] = attention_layer_outputs(model, inputs)
     fd.disable(model)
     assert {c["backend"] for c in calls} == {"fp8"}, calls
     return out

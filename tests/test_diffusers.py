@@ -16,6 +16,7 @@ pytest.importorskip("diffusers")
 import diffusers.models.attention_dispatch as ad  # noqa: E402
 
 import fp8dit  # noqa: E402
+from fp8dit.capture import attention_layer_outputs  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
 from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 
@@ -30,19 +31,6 @@ def _restore_diffusers_state():
     ad._AttentionBackendRegistry.set_active_backend(active)
 
 
-def _layer_outputs(model, inputs):
-    """Output of every attention layer (after its projections), by layer name."""
-    outs = {}
-    hooks = [m.register_forward_hook(lambda mod, a, o, n=n: outs.__setitem__(n, o.detach()))
-             for n, m in model.named_modules()
-             if hasattr(getattr(m, "processor", None), "_attention_backend")]
-    try:
-        with torch.no_grad():
-            final = model(**inputs, return_dict=False)[0]
-    finally:
-        for h in hooks:
-            h.remove()
-    return final, outs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,10 +81,10 @@ def test_backend_is_registered_once():
 def test_tiny_wan_matches_native(tiny_wan):
     model, inputs = tiny_wan
     fd.disable(model)
-    ref_final, ref_layers = _layer_outputs(model, inputs)
+    ref_final, ref_layers = attention_layer_outputs(model, inputs)
     fp8dit.enable(model)
     with fd.record_calls() as calls:
-        final, layers = _layer_outputs(model, inputs)
+        final, layers = attention_layer_outputs(model, inputs)
     fd.disable(model)
     # Every call ran the FP8 kernels, the 24-key cross-attention too (no silent SDPA fallback).
     assert [c["backend"] for c in calls] == ["fp8"] * 4, calls

@@ -32,9 +32,29 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Capture", "capture_qkv"]
+__all__ = ["Capture", "attention_layer_outputs", "capture_qkv"]
 
 logger = logging.getLogger("fp8dit")
+
+
+def attention_layer_outputs(model, inputs: dict):
+    """Run ``model(**inputs)`` once without gradients and return ``(final output, {name: output})``
+    with the output of every attention module (after its projections) of a diffusers model:
+    compare two attention backends layer by layer.
+
+    >>> ref, ref_layers = attention_layer_outputs(model, inputs)
+    """
+    outs = {}
+    hooks = [m.register_forward_hook(lambda mod, a, o, n=n: outs.__setitem__(n, o.detach()))
+             for n, m in model.named_modules()
+             if hasattr(getattr(m, "processor", None), "_attention_backend")]
+    try:
+        with torch.no_grad():
+            final = model(**inputs, return_dict=False)[0]
+    finally:
+        for h in hooks:
+            h.remove()
+    return final, outs
 
 
 def _even_rows(n: int, keep: int | None, device) -> torch.Tensor | None:
