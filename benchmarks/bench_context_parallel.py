@@ -33,13 +33,13 @@ import argparse
 import datetime
 import functools
 import os
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
+from bench_wan_forward import time_ms  # same directory: python benchmarks/<script>
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD = 2
@@ -93,24 +93,12 @@ def _warning_once_shim() -> None:
         hooks.logger.warning_once = functools.lru_cache(None)(hooks.logger.warning)
 
 
-def time_ms(fn, warmup: int, repeats: int) -> tuple[float, float]:
-    """Median and min of CUDA-event times; ranks start each forward together."""
+def _ranks_together() -> None:
+    """Ranks start each timed forward together."""
     import torch.distributed as dist
 
-    for _ in range(warmup):
-        fn()
+    dist.barrier()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), min(times)
 
 
 def main(argv=None) -> int:
@@ -231,7 +219,7 @@ def run(args, device) -> int:
                 if name == "fp8dit":
                     row["attention_calls"] = {b: sum(c["backend"] == b for c in calls)
                                               for b in sorted({c["backend"] for c in calls})}
-                median, low = time_ms(call, args.warmup, args.repeats)
+                median, low = time_ms(call, args.warmup, args.repeats, _ranks_together)
                 agree = True
                 if mode != "single":  # diffusers gathered the output on every rank
                     other = out.clone()

@@ -61,12 +61,16 @@ def sdpa_context(name: str):
     return sdpa_kernel(kernel)
 
 
-def time_ms(fn, warmup: int, repeats: int) -> tuple[float, float]:
+def time_ms(fn, warmup: int, repeats: int, before_each=None) -> tuple[float, float]:
+    """Median and min of CUDA-event times of ``fn``; ``before_each`` runs untimed before each
+    timed call (the context-parallel benchmark lines its ranks up there)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
+        if before_each is not None:
+            before_each()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
