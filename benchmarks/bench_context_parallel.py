@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from bench_wan_forward import time_ms  # same directory: python benchmarks/<script>
+from bench_wan_forward import forward_inputs, time_ms  # same directory as this script
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD = 2
@@ -172,14 +172,7 @@ def run(args, device) -> int:
          f"diffusers {diffusers.__version__}, fp8dit {fp8dit.__version__}, NCCL "
          f"{_nccl_version()}; " + " ".join(f"{k}={os.environ[k]}" for k in MULTICAST_OFF))
 
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    inputs = dict(
-        hidden_states=torch.randn((1, cfg["in_channels"], frames, height, width),
-                                  generator=gen, device=device).to(torch.bfloat16),
-        timestep=torch.full((1,), 500.0, device=device),
-        encoder_hidden_states=torch.randn((1, preset["text_len"], cfg["text_dim"]),
-                                          generator=gen, device=device).to(torch.bfloat16),
-    )
+    inputs = forward_inputs(preset, args.seed + 1, device)
     for t in inputs.values():  # every rank gets rank 0's inputs
         dist.broadcast(t, src=0)
 

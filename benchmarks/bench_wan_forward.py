@@ -53,6 +53,20 @@ def parse_args(argv=None):
     return args
 
 
+def forward_inputs(preset: dict, seed: int, device) -> dict:
+    """One denoising step's inputs for a Wan preset of ``fp8dit.demo.PRESETS``: random bf16
+    latents of its 720p/480p shape, timestep 500, random text embeddings."""
+    cfg = preset["config"]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return dict(
+        hidden_states=torch.randn((1, cfg["in_channels"], *preset["latent"]),
+                                  generator=gen, device=device).to(torch.bfloat16),
+        timestep=torch.full((1,), 500.0, device=device),
+        encoder_hidden_states=torch.randn((1, preset["text_len"], cfg["text_dim"]),
+                                          generator=gen, device=device).to(torch.bfloat16),
+    )
+
+
 def sdpa_context(name: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -128,14 +142,7 @@ def main(argv=None) -> int:
           f"diffusers {diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
 
     model = build_model(preset, args.layers, args.seed, device)
-    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
-    inputs = dict(
-        hidden_states=torch.randn((1, cfg["in_channels"], frames, height, width),
-                                  generator=gen, device=device).to(torch.bfloat16),
-        timestep=torch.full((1,), 500.0, device=device),
-        encoder_hidden_states=torch.randn((1, preset["text_len"], cfg["text_dim"]),
-                                          generator=gen, device=device).to(torch.bfloat16),
-    )
+    inputs = forward_inputs(preset, args.seed + 1, device)
     fd.register()
     baseline = f"sdpa-{args.sdpa}"
 
