@@ -1,11 +1,12 @@
-"""One H200 call that A/B-tests kernel variants: speed at Wan 720p, length drift, D=256, Flux.
+"""One H200 call that A/B-tests kernel variants: speed, accuracy, crossover, profile, etc.
 
-    python3 benchmarks/gpu_variants.py [--parts speed,drift,d256,flux] [--out $OUT/variants.json]
+    python3 benchmarks/gpu_variants.py --parts speed,drift,rot,crossover,quant_profile,\
+        determinism,d256,flux,speed_cog,speed_rot [--out $OUT/variants.json]
 
-A variant is a recipe plus a tile config (``launch.TILE_OVERRIDES``) whose ``kernel_flags`` go
-to the attention kernel as extra constexprs. Every timed backend runs in this one process on the
-same inputs, rotated over two input sets; accuracy is against fp64 on sampled query rows.
-Prints one line per measurement and a JSON list (``--out``).
+A variant is a recipe plus a tile config (``launch.TILE_OVERRIDES``). Variants measured once and
+then removed from the kernels are described in benchmarks/NOTES.md (session 2). Every timed
+backend runs in this one process on the same inputs, rotated over two input sets; accuracy is
+against fp64 on sampled query rows. Prints one line per measurement and a JSON list (``--out``).
 """
 
 from __future__ import annotations

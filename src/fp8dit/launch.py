@@ -56,8 +56,7 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Benchmarks set entries here to sweep tile configurations (key: padded head dim); an entry's
-# "kernel_flags" dict is passed to the attention kernel as extra constexprs (A/B variants).
+# Benchmarks set entries here to sweep tile configurations (key: padded head dim).
 TILE_OVERRIDES: dict[int, dict] = {}
 
 
@@ -245,7 +244,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
             num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
-            **_register_cap(cfg, out.device), **cfg.get("kernel_flags", {}),
+            **_register_cap(cfg, out.device),
         )
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
