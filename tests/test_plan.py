@@ -128,6 +128,15 @@ def test_cache_hits_and_is_bounded(monkeypatch):
     assert get_plan(k1) is not None  # rebuilt after eviction
 
 
+def test_bad_cache_size_raises_on_hits_too(monkeypatch):
+    plan_mod.clear_plan_cache()
+    k1 = _key([100])
+    get_plan(k1)
+    monkeypatch.setenv("FP8DIT_PLAN_CACHE", "many")
+    with pytest.raises(ValueError, match="FP8DIT_PLAN_CACHE: expected an integer, got 'many'"):
+        get_plan(k1)
+
+
 def test_cache_is_thread_safe():
     plan_mod.clear_plan_cache()
     keys = [_key([64 * (i % 5 + 1)], H=i % 3 + 1) for i in range(40)]

@@ -321,6 +321,7 @@ _lock = threading.Lock()
 
 def get_plan(key: PlanKey) -> Plan:
     """Cached :func:`build_plan` (LRU of ``FP8DIT_PLAN_CACHE`` entries, thread-safe)."""
+    limit = env.plan_cache_size()  # a bad value raises on every call, not only on a miss
     with _lock:
         plan = _cache.get(key)
         if plan is not None:
@@ -330,7 +331,6 @@ def get_plan(key: PlanKey) -> Plan:
     with _lock:
         _cache[key] = plan
         _cache.move_to_end(key)
-        limit = env.plan_cache_size()
         while len(_cache) > limit:
             _cache.popitem(last=False)
         return _cache[key]
