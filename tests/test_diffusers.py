@@ -150,6 +150,18 @@ def test_enable_policy_and_bad_input(tiny_wan):
     with pytest.raises(ValueError, match=r"policy.backend_for\('blocks.0.attn1'\).*got 'fp8'"):
         fd.enable(model, policy=Typo())
     fd.disable(model)
+
+    class TypoInTheLastLayer:
+        recipe = "int8qk-bf16pv"
+
+        def backend_for(self, layer_name):
+            return "fp8" if layer_name == "blocks.1.attn2" else "fp8dit"
+
+    with pytest.raises(ValueError, match=r"policy.backend_for\('blocks.1.attn2'\)"):
+        fd.enable(model, policy=TypoInTheLastLayer())
+    # Nothing changed: no layer switched, the recipe not set.
+    assert set(fd.layer_backends(model).values()) == {"native"}
+    assert fd._recipe is None
     with pytest.raises(TypeError, match="policy: expected None or an object with a backend_for"):
         fd.enable(model, policy="fp8dit")
     with pytest.raises(TypeError, match="pipe_or_model: expected a diffusers model .* got int"):

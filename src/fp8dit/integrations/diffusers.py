@@ -412,16 +412,16 @@ def enable(pipe_or_model, policy=None):
             f"got {type(policy).__name__}"
         )
     models = _models(pipe_or_model)
+    recipe = None
     if getattr(policy, "recipe", None) is not None:
-        set_recipe(check_recipe(policy.recipe, "policy.recipe").name)
+        recipe = check_recipe(policy.recipe, "policy.recipe").name
     member = register()
     dispatch = sys.modules[_DISPATCH]
     names = dispatch.AttentionBackendName
-    active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
-    if _previous_active is None and active != member:
-        _previous_active = active
+    # Every layer's choice is asked and checked before anything changes, so a bad answer for
+    # a late layer leaves the model (and the recipe) as it was.
+    choices = []
     for prefix, model in models:
-        model.set_attention_backend(BACKEND_NAME)
         if policy is None:
             continue
         for name, processor in _attention_processors(model):
@@ -433,7 +433,16 @@ def enable(pipe_or_model, policy=None):
                     f"policy.backend_for({layer!r}): expected a registered diffusers backend "
                     f"name (e.g. 'fp8dit', 'native'), got {choice!r}"
                 )
-            processor._attention_backend = names(choice)
+            choices.append((processor, names(choice)))
+    if recipe is not None:
+        set_recipe(recipe)
+    active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
+    if _previous_active is None and active != member:
+        _previous_active = active
+    for _, model in models:
+        model.set_attention_backend(BACKEND_NAME)
+    for processor, backend in choices:
+        processor._attention_backend = backend
     return pipe_or_model
 
 
