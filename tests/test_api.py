@@ -199,3 +199,11 @@ def test_sampled_rows_reference_matches_the_full_one():
     ref, ref_lse = attention_ref(q, k, v, return_lse=True)
     torch.testing.assert_close(out, ref[1, rows].double(), rtol=0, atol=1e-12)
     torch.testing.assert_close(lse, ref_lse[1][:, rows].double(), rtol=0, atol=1e-12)
+
+
+def test_numpy_scalar_scale_is_a_float():
+    np = pytest.importorskip("numpy")
+    q, k, v = (torch.randn(1, 16, 2, 64).bfloat16() for _ in range(3))
+    a = fp8dit.attention(q, k, v, scale=np.float32(0.125), backend="sdpa")
+    b = fp8dit.attention(q, k, v, scale=0.125, backend="sdpa")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -6,6 +6,7 @@ Inputs are validated once here; everything below trusts them.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 
 import torch
@@ -60,7 +61,8 @@ def _check_heads(H: int, Hkv: int, D: int, Dk: int, Dv: int) -> None:
 def _check_scale(scale, D: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(D)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    # numbers.Real takes numpy scalars too (np.float64 is a float subclass, np.float32 is not).
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale: expected a finite positive float, got {scale}")
