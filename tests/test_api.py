@@ -207,3 +207,9 @@ def test_numpy_scalar_scale_is_a_float():
     a = fp8dit.attention(q, k, v, scale=np.float32(0.125), backend="sdpa")
     b = fp8dit.attention(q, k, v, scale=0.125, backend="sdpa")
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_zero_heads_is_named():
+    q = torch.randn(1, 8, 0, 64).bfloat16()
+    with pytest.raises(ValueError, match="q: expected at least 1 head, got 0"):
+        fp8dit.attention(q, q, q)

@@ -52,6 +52,8 @@ def _check_heads(H: int, Hkv: int, D: int, Dk: int, Dv: int) -> None:
         raise ValueError(f"v: expected head_dim {D} like q, got {Dv}")
     if D == 0:
         raise ValueError("q: expected head_dim of at least 1, got 0")
+    if H == 0:
+        raise ValueError("q: expected at least 1 head, got 0")
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(
             f"k: expected a number of kv heads that divides q's {H} heads (GQA), got {Hkv}"
