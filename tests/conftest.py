@@ -61,3 +61,18 @@ def tiny_wan():
         encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
     )
     return model, inputs
+
+
+@pytest.fixture
+def diffusers_state():
+    """fp8dit's backend registered; diffusers' active backend and fp8dit's recipe restored after
+    the test (enable() changes both)."""
+    import diffusers.models.attention_dispatch as ad
+
+    from fp8dit.integrations import diffusers as fd
+
+    fd.register()
+    active = ad._AttentionBackendRegistry._active_backend
+    yield
+    ad._AttentionBackendRegistry.set_active_backend(active)
+    fd.set_recipe(None)

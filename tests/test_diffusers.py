@@ -23,12 +23,7 @@ from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _restore_diffusers_state():
-    fd.register()
-    active = ad._AttentionBackendRegistry._active_backend
-    yield
-    ad._AttentionBackendRegistry.set_active_backend(active)
+pytestmark = pytest.mark.usefixtures("diffusers_state")
 
 
 

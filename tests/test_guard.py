@@ -24,13 +24,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LAYERS = ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_diffusers_state():
-    fd.register()
-    active = ad._AttentionBackendRegistry._active_backend
-    yield
-    ad._AttentionBackendRegistry.set_active_backend(active)
-    fd.set_recipe(None)
+pytestmark = pytest.mark.usefixtures("diffusers_state")
 
 
 def _forward(model, inputs):

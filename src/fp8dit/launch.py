@@ -244,7 +244,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
             num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
-            **_register_cap(cfg, out.device),
+            **_register_cap(cfg),
         )
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
@@ -255,7 +255,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
         )
 
 
-def _register_cap(cfg: dict, device: torch.device) -> dict:
+def _register_cap(cfg: dict) -> dict:
     """``maxnreg`` when the config caps registers (three programs per SM need at most
     65,536 / (3 * 128) = 170 per thread; ptxas otherwise takes all 255). The interpreter
     ignores it; passing it there lets the sm_90 SASS test record it."""

@@ -220,18 +220,15 @@ def quantize_kv_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         ks = tl.where(m, k - k_mean[None, :], 0.0)
-        if ROTATE:
-            # Non-finite values keep flagging the block (n_bad below) but stay out of the dot.
-            bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
+        n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
+        if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
             ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP)
-            ks = tl.where(bad > 0, float("nan"), ks)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         else:
             k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
         k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
-        n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
         prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
         tl.store(k8_ptr + (h.to(tl.int64) * Tk_pad + prow0) * DP
@@ -299,7 +296,7 @@ def quantize_q_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROTATE:
-            qr = _rotate(tl.where(m, finite_or(q, 0.0), 0.0), rot_ptr, DP)
+            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP)  # masked loads are already 0
         else:
             qr = q
         if TENSOR_SCALES:
@@ -332,15 +329,16 @@ def _chunk_abs_max(base, s_t, s_d, src, t0, length, D,
     """Largest finite |x| over tokens [t0, t0 + CHUNK) of one head (0 when none)."""
     offs_d = tl.arange(0, DP)
     loc = tl.arange(0, SUB)
-    acc = tl.zeros([DP], dtype=tl.float32)
+    # Element-wise maximum over the chunk, reduced once at the end (as kv_channel_stats).
+    acc = tl.zeros([SUB, DP], dtype=tl.float32)
     for i in range(0, CHUNK, SUB):
         # 64-bit scalar base, 32-bit offsets within the tile (as in the other passes).
         tok0 = (src + t0 + i).to(tl.int64)
         m = (t0 + i + loc < length)[:, None] & (offs_d < D)[None, :]
         x = tl.load(base + tok0 * s_t + loc[:, None] * s_t + offs_d[None, :] * s_d, mask=m,
                     other=0.0)
-        acc = tl.maximum(acc, tl.max(tl.abs(finite_or(x.to(tl.float32), 0.0)), 0))
-    return tl.max(acc, 0)
+        acc = tl.maximum(acc, tl.abs(finite_or(x.to(tl.float32), 0.0)))
+    return tl.max(tl.max(acc, 1), 0)
 
 
 @triton.jit
