@@ -211,14 +211,16 @@ class Case:
                 [S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H, head_dim=D,
                 is_causal=False, device=self.device,
             )
+            sm90 = launch.use_gluon_sm90(plan, rec, self.device)
             staged = []
             for q, k, v in self.sets:
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=self.device, dtype=torch.float32)
                 st = tuple(launch._bthd_strides(t, self.layout) for t in (q, k, v, out))
-                ws = launch.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2])
+                ws = launch.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
+                                           kv_perm16=sm90)
                 staged.append(Staged((q, k, v), st, ws, out, lse))
-            self._staged = (plan, cfg, rec, scale, staged)
+            self._staged = (plan, cfg, rec, scale, staged, sm90)
         return self._staged
 
 
@@ -245,12 +247,12 @@ def _make_fp8dit_auto(case: Case):
 def _make_fp8dit_kernel(case: Case):
     from .launch import attention_stage
 
-    plan, cfg, _, _, staged = case.staged()
+    plan, cfg, _, _, staged, sm90 = case.staged()
 
     def fn(i):
         x = staged[i]
         lse_strides = (x.lse.stride(0), x.lse.stride(1), x.lse.stride(2))
-        attention_stage(plan, cfg, x.ws, x.out, x.strides[3], x.lse, lse_strides)
+        attention_stage(plan, cfg, x.ws, x.out, x.strides[3], x.lse, lse_strides, sm90=sm90)
         return x.out
 
     def poisoned_fn(i):  # the check call: every output element must be written by the kernel
@@ -264,12 +266,13 @@ def _make_fp8dit_kernel(case: Case):
 def _make_fp8dit_quant(case: Case):
     from .launch import quantize_stage
 
-    plan, _, rec, scale, staged = case.staged()
+    plan, _, rec, scale, staged, sm90 = case.staged()
 
     def fn(i):
         x = staged[i]
         (q, k, v), st = x.qkv, x.strides
-        quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2])  # allocates, as e2e
+        quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],  # allocates, as e2e
+                       kv_perm16=sm90)
         return None
 
     return fn

@@ -7,6 +7,8 @@ variable               meaning
 ``FP8DIT_DISABLE``     ``1`` turns the FP8 path off everywhere (auto always picks ``sdpa``)
 ``FP8DIT_RECIPE``      default accuracy recipe name (see :mod:`fp8dit.recipes`)
 ``FP8DIT_PLAN_CACHE``  how many plans the LRU plan cache keeps (default 64)
+``FP8DIT_KERNEL``      attention kernel: ``triton`` (default, everywhere) | ``gluon``
+                       (experimental Hopper kernel, sm_90 only; see kernels/attention_sm90.py)
 ``TRITON_INTERPRET``   ``1`` runs the Triton kernels on CPU tensors through Triton's interpreter
 =====================  =====================================================================
 
@@ -49,6 +51,16 @@ def plan_cache_size() -> int:
     if size < 1:
         raise ValueError(f"FP8DIT_PLAN_CACHE: expected at least 1, got {size}")
     return size
+
+
+KERNELS = ("triton", "gluon")
+
+
+def attention_kernel() -> str:
+    value = os.environ.get("FP8DIT_KERNEL", "triton").strip().lower() or "triton"
+    if value not in KERNELS:
+        raise ValueError(f"FP8DIT_KERNEL: expected one of {', '.join(KERNELS)}, got {value!r}")
+    return value
 
 
 def triton_interpret() -> bool:

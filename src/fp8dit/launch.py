@@ -138,8 +138,38 @@ def _tile_warps(rows: int, cols: int) -> int:
     return min(32, max(4, rows * cols // 1024))
 
 
+@functools.cache
+def _gluon_sm90_module():
+    """The Gluon sm_90 kernel module, or None where this Triton has no (compatible) Gluon."""
+    try:
+        from .kernels import attention_sm90
+    except Exception:  # noqa: BLE001 - an experimental API: any import failure means "absent"
+        return None
+    return attention_sm90
+
+
+def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> bool:
+    """Whether this call runs the Gluon Hopper kernel (``kernels.attention_sm90``).
+
+    Opt-in (``FP8DIT_KERNEL=gluon``): measured on the H200 it is no faster than the Triton
+    kernel and its PV sum drifts at 200k tokens (benchmarks/NOTES.md, session 3). Only on an
+    sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was
+    written for; everything else, the CPU interpreter included, runs the Triton kernel.
+    """
+    if device.type != "cuda" or env.triton_interpret() or env.attention_kernel() != "gluon":
+        return False
+    if recipe.qk != "int8" or recipe.pv != "fp8":
+        return False
+    key = plan.key
+    if plan.head_dim_padded not in (64, 128) or key.block_m != 64 or key.block_n != 128:
+        return False
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    return _gluon_sm90_module() is not None
+
+
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
-                   q, q_strides, k, k_strides, v, v_strides) -> Workspace:
+                   q, q_strides, k, k_strides, v, v_strides, kv_perm16: bool = False) -> Workspace:
     """Fused quantization of Q, K, V (three launches) into a plan-sized workspace."""
     key = plan.key
     dev = q.device
@@ -190,7 +220,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
-            num_warps=_tile_warps(BN, Dp),
+            KV_PERM16=kv_perm16, num_warps=_tile_warps(BN, Dp),
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
@@ -225,14 +255,48 @@ def _tensor_abs_max(plan: Plan, q, q_strides, k, k_strides, v, v_strides, tabs, 
     abs_max_finalize_kernel[(3,)](part, amax, B * H * n_chunks, BLOCK=1024, num_warps=4)
 
 
-def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
+# Gluon kernel's ring of K/V stages (shared memory: (16 + 16) KB per stage at D=128, plus Q).
+SM90_STAGES = 3
+
+
+def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
                     out, out_strides, lse, lse_strides) -> None:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    mod = _gluon_sm90_module()
+    key = plan.key
+    H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
+    Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
+
+    def desc(t, block, dtype):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        return GluonDescriptor.from_tensor(t, block, layout)
+
+    stages = cfg.get("sm90_stages", SM90_STAGES)
+    mod.attention_fwd_sm90_kernel[(plan.num_programs,)](
+        desc(ws.q8.view(-1, Dp), [BM, Dp], gl.int8), ws.q_scale, ws.q_corr,
+        desc(ws.k8.view(-1, Dp), [BN, Dp], gl.int8), ws.k_scale,
+        desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN], gl.float8e4nv),
+        ws.v_scale, ws.v_mean,
+        tabs["seq"], tabs["work"], tabs["work_indptr"],
+        out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
+        D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
+        DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, STAGES=stages,
+        TWO_LEVEL=False, num_warps=4, **_register_cap(cfg),
+    )
+
+
+def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
+                    out, out_strides, lse, lse_strides, sm90: bool = False) -> None:
     """Persistent attention over the plan's work list, then the split-KV merge."""
     key = plan.key
     tabs = plan.tables(out.device)
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
-    if plan.n_work:
+    if plan.n_work and sm90:
+        _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides)
+    elif plan.n_work:
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
         desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
@@ -281,8 +345,10 @@ def launch_fp8_attention(
     """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
     # Triton launches on the current CUDA device, not on the tensors' one.
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
-        ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides)
-        attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides)
+        sm90 = use_gluon_sm90(plan, recipe, q.device)
+        ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
+                            kv_perm16=sm90)
+        attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90)
 
 
 def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:

@@ -1,6 +1,7 @@
 """Compile recorded fp8dit kernel launches for sm_90 on a machine without a GPU.
 
     python tests/tools/sm90_compile.py launches.json
+    python tests/tools/sm90_compile.py --gluon          # the Gluon sm_90 attention kernel
 
 Reads launches recorded by tests/test_sm90_compile.py (argument types, constexprs, warps,
 stages), compiles each kernel with Triton's own compiler for an H100/H200 target, disassembles
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import inspect
 import json
 import os
 import re
@@ -49,7 +51,93 @@ def inner_loop_spills(sass: str) -> int:
     return count
 
 
+def _disassemble(cubin: bytes) -> str:
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        return subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def mma_loops(sass: str) -> list[list[str]]:
+    """Bodies (instruction texts) of the innermost loops that issue tensor-core MMAs."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           re.finditer(r"/\*([0-9a-f]{4,})\*/\s*([^;]*);", sass)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    inner = [(a, b) for a, b in loops
+             if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops)]
+    bodies = [[t for addr, t in ins if a <= addr <= b] for a, b in inner]
+    return [b for b in bodies if any("GMMA" in t for t in b)]
+
+
+def gluon_attention_report(dp: int, causal: bool) -> dict:
+    """Compile ``kernels.attention_sm90`` for sm_90 and describe its kv loops' SASS.
+
+    ``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``, PV
+    still in flight) and the wait for the PV dot (``0x0``) in each loop: the softmax the
+    kernel exists to overlap with the PV dot. ptxas moves that wait when it reuses the P
+    registers or meets a branch, and then this drops to ~0.
+    """
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fp8dit.kernels import attention_sm90 as m
+
+    bm, bn = 64, 128
+
+    def desc(dtype_str, dtype, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        return f"tensordesc<{dtype_str}[{', '.join(map(str, block))}],{layout!r}>"
+
+    types = dict(
+        desc_q=desc("i8", gl.int8, [bm, dp]), desc_k=desc("i8", gl.int8, [bn, dp]),
+        desc_v=desc("fp8e4nv", gl.float8e4nv, [dp, bn]),
+        seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
+    )
+    const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3,
+                 TWO_LEVEL=False, num_warps=4)
+    names = list(inspect.signature(m.attention_fwd_sm90_kernel.fn).parameters)
+    sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")
+                                                         else "i32") for n in names}
+    src = GluonASTSource(fn=m.attention_fwd_sm90_kernel, signature=sig,
+                         constexprs={(names.index(k),): v for k, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out = {"dp": dp, "causal": causal, "shared": ck.metadata.shared, "loops": []}
+    for body in mma_loops(_disassemble(ck.asm["cubin"])):
+        waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
+        under = 0
+        for i in waits:
+            if body[i].rstrip().endswith("0x1"):
+                j = next((w for w in waits if w > i and body[w].rstrip().endswith("0x0")),
+                         len(body))
+                under = max(under, sum("MUFU.EX2" in t for t in body[i:j]))
+        out["loops"].append({
+            "instructions": len(body),
+            "spills": sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t)),
+            "exp_under_pv": under,
+            "igmma": sum("IGMMA" in t for t in body), "qgmma": sum("QGMMA" in t for t in body),
+        })
+    return out
+
+
 def main(path: str) -> int:
+    if path == "--gluon":
+        for dp in (64, 128):
+            for causal in (False, True):
+                try:
+                    rep = dict(ok=True, **gluon_attention_report(dp, causal))
+                except Exception as e:  # noqa: BLE001 - reported to the test
+                    rep = dict(ok=False, dp=dp, causal=causal,
+                               error=f"{type(e).__name__}: {str(e)[:2000]}")
+                print(json.dumps(rep), flush=True)
+        return 0
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with open(path) as f:

@@ -185,9 +185,12 @@ def quantize_kv_kernel(
     D, Tk_pad, n_kblocks,
     DP: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
-    ROTATE: tl.constexpr = False,
+    ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
+
+    ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
+    column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
 
     ``TENSOR_SCALES``: K's scale is its tensor-wide amax (``amax_ptr[1]``) instead of the
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
@@ -249,9 +252,13 @@ def quantize_kv_kernel(
             inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk)))
             vc = tl.where(m, (v - v_mean[None, :]) * inv[None, :], 0.0)
             v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+        if KV_PERM16:
+            vcol = (loc & ~15) | ((loc & 6) << 1) | ((loc >> 2) & 2) | (loc & 1)
+        else:
+            vcol = loc
         tl.store(
             v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
-            + offs_d[:, None] * Tk_pad + loc[None, :],
+            + offs_d[:, None] * Tk_pad + vcol[None, :],
             v8t,
         )
 

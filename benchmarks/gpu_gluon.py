@@ -1,0 +1,240 @@
+"""One H200 call: the Gluon sm_90 kernel against the Triton kernel and cuDNN, same process.
+
+    python3 benchmarks/gpu_gluon.py [--parts check,speed,drift,stages] [--presets a,b] \
+        [--out $OUT/gluon.json]
+
+check:  every case runs through ``fp8dit.attention`` twice, ``FP8DIT_KERNEL=gluon`` and
+        ``=triton``; both against the fp64 reference (rel-L1, cosine, LSE) and
+        against each other. Odd lengths, GQA, causal, varlen, split-KV, head dims 64/72/128.
+speed:  DiT presets; SDPA cuDNN, fp8dit with each kernel, timed around each other.
+drift:  8k / 65k / 200k tokens, both kernels (the Gluon kernel accumulates PV straight into
+        the fp32 accumulator through the tensor core, the Triton one per block).
+stages: Gluon kernel launch configs (ring depth, programs per SM, register cap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import triton
+
+import fp8dit
+from fp8dit import launch
+from fp8dit.testing import (
+    attention_ref,
+    attention_ref_rows,
+    attention_varlen_ref,
+    error_stats,
+    make_qkv,
+)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_variants import bench, cudnn_fn, rotated, tflops  # noqa: E402
+
+ROWS = []
+
+
+def record(**kw):
+    ROWS.append(kw)
+    print(json.dumps(kw), flush=True)
+
+
+def kernel(name):
+    os.environ["FP8DIT_KERNEL"] = name
+
+
+def both(fn):
+    """fn() under each kernel: {'gluon': ..., 'triton': ...}."""
+    res = {}
+    for name in ("gluon", "triton"):
+        kernel(name)
+        res[name] = fn()
+        torch.cuda.synchronize()
+    kernel("triton")
+    return res
+
+
+def part_check():
+    cases = [
+        # name, B, H, Hkv, Sq, Sk, D, causal, family, splits
+        ("wan-like", 1, 4, 4, 8192, 8192, 128, False, "normal", None),
+        ("dit-like", 1, 4, 4, 8192, 8192, 128, False, "dit", None),
+        ("odd-1000", 2, 3, 3, 1000, 1000, 128, False, "normal", None),
+        ("odd-113-d64", 1, 2, 2, 113, 113, 64, False, "normal", None),
+        ("s1", 1, 2, 2, 1, 1, 128, False, "normal", None),
+        ("d72", 1, 2, 2, 777, 777, 72, False, "normal", None),
+        ("gqa", 1, 8, 2, 2048, 2048, 128, False, "normal", None),
+        ("cross", 1, 4, 4, 3000, 512, 128, False, "normal", None),
+        ("causal", 1, 2, 2, 1000, 1000, 128, True, "normal", None),
+        ("split3", 1, 2, 2, 4096, 4096, 128, False, "normal", 3),
+        ("d64-cog", 1, 4, 4, 4096, 4096, 64, False, "dit", None),
+    ]
+    for name, B, H, Hkv, Sq, Sk, D, causal, family, splits in cases:
+        q, _, _ = make_qkv(B, H, Sq, D, Hkv=Hkv, Sk=Sk, family=family, device="cuda", seed=1)
+        _, k, v = make_qkv(B, H, Sq, D, Hkv=Hkv, Sk=Sk, family=family, device="cuda", seed=2)
+        ref, lse_ref = attention_ref(q, k, v, is_causal=causal, return_lse=True)
+        rec = {}
+        try:
+            outs = both(lambda q=q, k=k, v=v, c=causal, n=splits: fp8dit.attention(
+                q, k, v, backend="fp8", is_causal=c, num_splits=n, return_lse=True))
+            plan, _ = launch.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
+                                      num_kv_heads=Hkv, head_dim=D, is_causal=causal,
+                                      device=q.device, num_splits=splits)
+            kernel("gluon")
+            rec["gluon_used"] = launch.use_gluon_sm90(plan, fp8dit.recipes.get_recipe(None),
+                                                       q.device)
+            kernel("triton")
+            for kname, (o, lse) in outs.items():
+                st = error_stats(o, ref)
+                rec[kname] = dict(rel_l1=st.rel_l1, cos=st.cos, nan=st.nan,
+                                  lse_max=(lse.double() - lse_ref).abs().max().item())
+            og, ot = outs["gluon"][0].float(), outs["triton"][0].float()
+            rec["gluon_vs_triton_max_abs"] = (og - ot).abs().max().item()
+        except Exception as e:  # noqa: BLE001 - a failure is a result
+            rec["error"] = f"{type(e).__name__}: {e}"[:400]
+        record(part="check", case=name, shape=[B, H, Hkv, Sq, Sk, D], causal=causal,
+               family=family, splits=splits, **rec)
+    # varlen with an empty sequence
+    lens = [300, 0, 2000, 129]
+    T, H, D = sum(lens), 4, 128
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    ref = attention_varlen_ref(q, k, v, cu, cu)
+    try:
+        outs = both(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
+                                                    backend="fp8"))
+        rec = {kname: error_stats(o, ref).rel_l1 for kname, o in outs.items()}
+        diff = (outs["gluon"].float() - outs["triton"].float()).abs().max().item()
+        rec["gluon_vs_triton_max_abs"] = diff
+    except Exception as e:  # noqa: BLE001
+        rec = {"error": f"{type(e).__name__}: {e}"[:400]}
+    record(part="check", case="varlen-empty", lens=lens, **rec)
+
+
+PRESETS = {
+    "wan2.2-a14b-720p": (1, 40, 75600, 128),
+    "wan-480p": (1, 40, 32760, 128),
+    "hunyuanvideo-720p": (1, 24, 119880, 128),
+    "cogvideox-5b": (2, 48, 17776, 64),
+    "flux-1024": (1, 24, 4608, 128),
+}
+
+
+def part_speed(names=None):
+    for name, (B, H, S, D) in PRESETS.items():
+        if names and name not in names:
+            continue
+        sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
+        nxt = rotated(sets)
+        est = 4 * B * H * S * S * D / 700e12 * 1e3
+        cud = bench(cudnn_fn(nxt), est)
+        record(part="speed", preset=name, backend="sdpa-cudnn", ms=cud,
+               tflops=tflops(B, H, S, D, cud))
+        for kname in ("gluon", "triton", "gluon"):
+            kernel(kname)
+
+            def run(nxt=nxt):
+                q, k, v = nxt()
+                return fp8dit.attention(q, k, v, backend="fp8")
+            try:
+                run()
+                torch.cuda.synchronize()
+                ms = bench(run, est)
+                record(part="speed", preset=name, backend=f"fp8dit[{kname}]", ms=ms,
+                       tflops=tflops(B, H, S, D, ms), vs_cudnn=cud / ms)
+            except Exception as e:  # noqa: BLE001
+                record(part="speed", preset=name, backend=f"fp8dit[{kname}]",
+                       error=f"{type(e).__name__}: {e}"[:400])
+        kernel("triton")
+        cud2 = bench(cudnn_fn(nxt), est)
+        record(part="speed", preset=name, backend="sdpa-cudnn-again", ms=cud2,
+               tflops=tflops(B, H, S, D, cud2))
+        del sets
+        torch.cuda.empty_cache()
+
+
+# name -> (preset, padded head dim, tile overrides) for the Gluon kernel
+GLUON_CONFIGS = {
+    "d128-3s-2p": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3}),
+    "d128-2s-3p-r168": ("wan2.2-a14b-720p", 128,
+                        {"sm90_stages": 2, "programs_per_sm": 3, "maxnreg": 168}),
+    "d64-3s-3p-r168": ("cogvideox-5b", 64, {"sm90_stages": 3}),  # the D=64 default config
+    "d64-3s-2p": ("cogvideox-5b", 64, {"sm90_stages": 3, "programs_per_sm": 2,
+                                        "maxnreg": None}),
+}
+
+
+def part_stages():
+    kernel("gluon")
+    for cname, (preset, dp, over) in GLUON_CONFIGS.items():
+        B, H, S, D = PRESETS[preset]
+        sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
+        nxt = rotated(sets)
+        launch.TILE_OVERRIDES[dp] = over
+
+        def run(nxt=nxt):
+            q, k, v = nxt()
+            return fp8dit.attention(q, k, v, backend="fp8")
+        try:
+            run()
+            torch.cuda.synchronize()
+            ms = bench(run, 60)
+            record(part="stages", config=cname, preset=preset, ms=ms,
+                   tflops=tflops(B, H, S, D, ms))
+        except Exception as e:  # noqa: BLE001
+            record(part="stages", config=cname, error=f"{type(e).__name__}: {e}"[:400])
+        launch.TILE_OVERRIDES.clear()
+        del sets, nxt
+        torch.cuda.empty_cache()
+    kernel("triton")
+
+
+def part_drift():
+    D = 128
+    for family in ("normal", "dit"):
+        for S in (8192, 65536, 200000):
+            q, k, v = make_qkv(1, 2, S, D, device="cuda", family=family, seed=S)
+            rows = torch.randperm(S, device="cuda")[:1024]
+            ref, lse_ref = attention_ref_rows(q, k, v, rows)
+            outs = both(lambda q=q, k=k, v=v: fp8dit.attention(q, k, v, backend="fp8",
+                                                               return_lse=True))
+            for kname, (out, lse) in outs.items():
+                st = error_stats(out[0, rows], ref)
+                lerr = (lse[0][:, rows].double() - lse_ref).abs()
+                record(part="drift", family=family, S=S, kernel=kname, rel_l1=st.rel_l1,
+                       cos=st.cos, lse_max_err=lerr.max().item())
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="check,speed,drift,stages")
+    ap.add_argument("--presets", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+           triton=triton.__version__, date=datetime.datetime.now().isoformat(timespec="seconds"))
+    for part in a.parts.split(","):
+        try:
+            if part == "speed":
+                part_speed([p for p in a.presets.split(",") if p] or None)
+            else:
+                globals()[f"part_{part}"]()
+        except Exception as e:  # noqa: BLE001 - keep the other parts' results
+            record(part=part, error=f"{type(e).__name__}: {e}"[:600])
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(ROWS, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

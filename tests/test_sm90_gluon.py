@@ -1,0 +1,75 @@
+"""The experimental Gluon Hopper kernel (``kernels.attention_sm90``, ``FP8DIT_KERNEL=gluon``).
+
+Gluon does not run in Triton's interpreter, so on CPU this checks what can be checked without a
+GPU: the quantizer's V layout the kernel relies on (interpreter), that the kernel compiles for
+sm_90 with this Triton and that its kv loops use the Hopper tensor-core MMAs without spilling
+(SASS), and that nothing selects it unless asked. Its outputs were compared with the Triton
+kernel's and fp64 on the H200 (benchmarks/gpu_gluon.py, benchmarks/NOTES.md session 3).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fp8dit import env, launch
+from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
+
+
+def _workspace(kv_perm16, S=300, D=64):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
+    plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2, head_dim=D,
+                              is_causal=False, device=q.device)
+    st = launch._bthd_strides(q, "NHD")
+    return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st, v, st,
+                                 kv_perm16=kv_perm16)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+def test_kv_perm16_stores_v_in_the_p_register_order():
+    plain, perm = _workspace(False), _workspace(True)
+    j = torch.arange(plain.v8t.shape[-1])
+    # token j = 16a + 8h + 2c + e sits at column 16a + 4c + 2h + e
+    col = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)
+    assert sorted(col.tolist()) == j.tolist()
+    assert torch.equal(perm.v8t[..., col].view(torch.uint8), plain.v8t.view(torch.uint8))
+    assert not torch.equal(perm.v8t.view(torch.uint8), plain.v8t.view(torch.uint8))
+    for name in ("q8", "k8", "k_scale", "v_scale", "v_mean"):
+        assert torch.equal(getattr(perm, name).view(torch.uint8),
+                           getattr(plain, name).view(torch.uint8)), name
+
+
+def test_gluon_kernel_is_opt_in(monkeypatch):
+    monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
+    assert env.attention_kernel() == "triton"
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon")
+    assert env.attention_kernel() == "gluon"
+    monkeypatch.setenv("FP8DIT_KERNEL", "cutlass")
+    with pytest.raises(ValueError, match="FP8DIT_KERNEL: expected one of triton, gluon"):
+        env.attention_kernel()
+    # Asked for, it still never runs off an sm_90 GPU (here: CPU tensors).
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon")
+    plan, _ = launch.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
+                              head_dim=128, is_causal=False, device=torch.device("cpu"))
+    assert not launch.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu"))
+
+
+def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
+    tool = os.path.join(os.path.dirname(__file__), "tools", "sm90_compile.py")
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
+                          env=environ, timeout=900)
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 4, proc.stderr[-3000:]
+    for rep in reports:
+        assert rep["ok"], rep
+        # the unmasked main loop and the masked tail loop
+        assert len(rep["loops"]) == 2, rep
+        for loop in rep["loops"]:
+            assert loop["igmma"] > 0 and loop["qgmma"] > 0, rep
+            assert loop["spills"] == 0, rep
+        assert rep["shared"] <= 228 * 1024 // 2, f"two programs per SM must fit: {rep}"
