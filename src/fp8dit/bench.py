@@ -218,7 +218,7 @@ class Case:
                 lse = torch.empty(B, H, S, device=self.device, dtype=torch.float32)
                 st = tuple(launch._bthd_strides(t, self.layout) for t in (q, k, v, out))
                 ws = launch.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
-                                           kv_perm16=sm90)
+                                           kv_perm16=sm90 is not None)
                 staged.append(Staged((q, k, v), st, ws, out, lse))
             self._staged = (plan, cfg, rec, scale, staged, sm90)
         return self._staged
@@ -272,7 +272,7 @@ def _make_fp8dit_quant(case: Case):
         x = staged[i]
         (q, k, v), st = x.qkv, x.strides
         quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],  # allocates, as e2e
-                       kv_perm16=sm90)
+                       kv_perm16=sm90 is not None)
         return None
 
     return fn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -68,7 +69,10 @@ def tile_config(head_dim_padded: int, device: torch.device) -> dict:
     # (shared memory), 460 against 438 TFLOPS; at D=128 the same is a tie (738 vs 741).
     # D=256: 64x64 tiles with 4 warps, 412 TFLOPS against 299-405 for 8 warps or 128-wide tiles
     # (still 0.62x cuDNN, so auto prefers SDPA at D=256).
-    if head_dim_padded >= 256:
+    if head_dim_padded in (64, 128) and _wants_gluon_ws(device):
+        # the warp-specialized kernel: 128-row work items, one program (3 partitions) per SM
+        cfg = dict(block_m=128, block_n=128, num_warps=4, num_stages=2, programs_per_sm=1)
+    elif head_dim_padded >= 256:
         cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
     elif head_dim_padded <= 64:
         cfg = dict(block_m=64, block_n=128, num_warps=4, num_stages=2, programs_per_sm=3,
@@ -82,6 +86,12 @@ def tile_config(head_dim_padded: int, device: torch.device) -> dict:
         # Interpreter: programs run one after another; a few still exercise the persistence.
         cfg["num_programs"] = 4
     return cfg
+
+
+def _wants_gluon_ws(device: torch.device) -> bool:
+    return (device.type == "cuda" and not env.triton_interpret()
+            and env.attention_kernel() == "gluon-ws"
+            and torch.cuda.get_device_capability(device) == (9, 0))
 
 
 def plan_for(
@@ -139,16 +149,15 @@ def _tile_warps(rows: int, cols: int) -> int:
 
 
 @functools.cache
-def _gluon_sm90_module():
-    """The Gluon sm_90 kernel module, or None where this Triton has no (compatible) Gluon."""
+def _gluon_sm90_module(name: str = "attention_sm90"):
+    """A Gluon sm_90 kernel module, or None where this Triton has no (compatible) Gluon."""
     try:
-        from .kernels import attention_sm90
+        return importlib.import_module(f".kernels.{name}", __package__)
     except Exception:  # noqa: BLE001 - an experimental API: any import failure means "absent"
         return None
-    return attention_sm90
 
 
-def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> bool:
+def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> str | None:
     """Whether this call runs the Gluon Hopper kernel (``kernels.attention_sm90``).
 
     Opt-in (``FP8DIT_KERNEL=gluon``): measured on the H200 it is no faster than the Triton
@@ -156,16 +165,19 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> bool:
     sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was
     written for; everything else, the CPU interpreter included, runs the Triton kernel.
     """
-    if device.type != "cuda" or env.triton_interpret() or env.attention_kernel() != "gluon":
-        return False
+    kernel = env.attention_kernel()
+    if device.type != "cuda" or env.triton_interpret() or kernel == "triton":
+        return None
     if recipe.qk != "int8" or recipe.pv != "fp8":
-        return False
+        return None
     key = plan.key
-    if plan.head_dim_padded not in (64, 128) or key.block_m != 64 or key.block_n != 128:
-        return False
+    block_m = 128 if kernel == "gluon-ws" else 64
+    if plan.head_dim_padded not in (64, 128) or key.block_m != block_m or key.block_n != 128:
+        return None
     if torch.cuda.get_device_capability(device) != (9, 0):
-        return False
-    return _gluon_sm90_module() is not None
+        return None
+    name = "attention_sm90_ws" if kernel == "gluon-ws" else "attention_sm90"
+    return kernel if _gluon_sm90_module(name) is not None else None
 
 
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
@@ -260,11 +272,12 @@ SM90_STAGES = 3
 
 
 def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
-                    out, out_strides, lse, lse_strides) -> None:
+                    out, out_strides, lse, lse_strides, sm90: str) -> None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    mod = _gluon_sm90_module()
+    ws_kernel = sm90 == "gluon-ws"
+    mod = _gluon_sm90_module("attention_sm90_ws" if ws_kernel else "attention_sm90")
     key = plan.key
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
@@ -274,6 +287,23 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
         return GluonDescriptor.from_tensor(t, block, layout)
 
     stages = cfg.get("sm90_stages", SM90_STAGES)
+    if ws_kernel:
+        qm = BM // 2  # one consumer warpgroup's rows
+        mod.attention_fwd_sm90_ws_kernel[(plan.num_programs,)](
+            desc(ws.q8.view(-1, Dp), [qm, Dp], gl.int8), ws.q_scale, ws.q_corr,
+            desc(ws.k8.view(-1, Dp), [BN, Dp], gl.int8), ws.k_scale,
+            desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN], gl.float8e4nv),
+            ws.v_scale, ws.v_mean,
+            tabs["seq"], tabs["work"], tabs["work_indptr"],
+            out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
+            D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
+            DP=Dp, BLOCK_M=qm, BLOCK_N=BN, IS_CAUSAL=key.is_causal, STAGES=stages,
+            CONSUMER_REGS=cfg.get("sm90_consumer_regs", 240),
+            TWO_LEVEL=cfg.get("sm90_two_level", True), num_warps=4,
+            # benchmarks only (wrong results): P's exp2 replaced by an FFMA
+            ABLATE_EXP=cfg.get("sm90_ablate_exp", False),
+        )
+        return
     mod.attention_fwd_sm90_kernel[(plan.num_programs,)](
         desc(ws.q8.view(-1, Dp), [BM, Dp], gl.int8), ws.q_scale, ws.q_corr,
         desc(ws.k8.view(-1, Dp), [BN, Dp], gl.int8), ws.k_scale,
@@ -288,14 +318,14 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
 
 
 def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
-                    out, out_strides, lse, lse_strides, sm90: bool = False) -> None:
+                    out, out_strides, lse, lse_strides, sm90: str | None = None) -> None:
     """Persistent attention over the plan's work list, then the split-KV merge."""
     key = plan.key
     tabs = plan.tables(out.device)
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     if plan.n_work and sm90:
-        _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides)
+        _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides, sm90)
     elif plan.n_work:
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
@@ -347,7 +377,7 @@ def launch_fp8_attention(
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         sm90 = use_gluon_sm90(plan, recipe, q.device)
         ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
-                            kv_perm16=sm90)
+                            kv_perm16=sm90 is not None)
         attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90)
 
 

@@ -77,8 +77,9 @@ def mma_loops(sass: str) -> list[list[str]]:
     return [b for b in bodies if any("GMMA" in t for t in b)]
 
 
-def gluon_attention_report(dp: int, causal: bool) -> dict:
-    """Compile ``kernels.attention_sm90`` for sm_90 and describe its kv loops' SASS.
+def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
+    """Compile ``kernels.attention_sm90`` (``ws``: ``attention_sm90_ws``) for sm_90 and describe
+    its kv loops' SASS.
 
     ``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``, PV
     still in flight) and the wait for the PV dot (``0x0``) in each loop: the softmax the
@@ -88,9 +89,11 @@ def gluon_attention_report(dp: int, causal: bool) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fp8dit.kernels import attention_sm90 as m
+    from fp8dit.kernels import attention_sm90, attention_sm90_ws
 
     bm, bn = 64, 128
+    kernel = (attention_sm90_ws.attention_fwd_sm90_ws_kernel if ws
+              else attention_sm90.attention_fwd_sm90_kernel)
 
     def desc(dtype_str, dtype, block):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
@@ -101,15 +104,16 @@ def gluon_attention_report(dp: int, causal: bool) -> dict:
         desc_v=desc("fp8e4nv", gl.float8e4nv, [dp, bn]),
         seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
     )
-    const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3,
-                 TWO_LEVEL=False, num_warps=4)
-    names = list(inspect.signature(m.attention_fwd_sm90_kernel.fn).parameters)
+    const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
+    const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=False) if ws \
+        else const.update(TWO_LEVEL=False)
+    names = list(inspect.signature(kernel.fn).parameters)
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")
                                                          else "i32") for n in names}
-    src = GluonASTSource(fn=m.attention_fwd_sm90_kernel, signature=sig,
+    src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out = {"dp": dp, "causal": causal, "shared": ck.metadata.shared, "loops": []}
+    out = {"dp": dp, "causal": causal, "ws": ws, "shared": ck.metadata.shared, "loops": []}
     for body in mma_loops(_disassemble(ck.asm["cubin"])):
         waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
         under = 0
@@ -129,14 +133,15 @@ def gluon_attention_report(dp: int, causal: bool) -> dict:
 
 def main(path: str) -> int:
     if path == "--gluon":
-        for dp in (64, 128):
-            for causal in (False, True):
-                try:
-                    rep = dict(ok=True, **gluon_attention_report(dp, causal))
-                except Exception as e:  # noqa: BLE001 - reported to the test
-                    rep = dict(ok=False, dp=dp, causal=causal,
-                               error=f"{type(e).__name__}: {str(e)[:2000]}")
-                print(json.dumps(rep), flush=True)
+        for ws in (False, True):
+            for dp in (64, 128):
+                for causal in (False, True):
+                    try:
+                        rep = dict(ok=True, **gluon_attention_report(dp, causal, ws))
+                    except Exception as e:  # noqa: BLE001 - reported to the test
+                        rep = dict(ok=False, dp=dp, causal=causal, ws=ws,
+                                   error=f"{type(e).__name__}: {str(e)[:2000]}")
+                    print(json.dumps(rep), flush=True)
         return 0
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

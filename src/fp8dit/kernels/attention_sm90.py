@@ -83,8 +83,12 @@ def _row_sum(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.con
 @gluon.jit
 def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                   s_layout: gl.constexpr, p_layout: gl.constexpr):
+                   s_layout: gl.constexpr, p_layout: gl.constexpr,
+                   ABLATE_EXP: gl.constexpr = False):
     """Scores of kv block ``kb`` -> (fp32 P in the PV dot's A layout, m, l, alpha).
+
+    ``ABLATE_EXP`` (benchmarks only, wrong results): P's exp2 replaced by an FFMA, to time the
+    kernel without its MUFU work.
 
     ``s_i`` holds the int32 dot plus I2F_MAGIC_BITS, i.e. the float MAGIC + s exactly.
     """
@@ -99,7 +103,11 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
     m_new = gl.maximum(m_i, (_row_max(s, BLOCK_M, BLOCK_N, row_layout) - I2F_MAGIC) * c)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
-    p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(m_ref - P_SHIFT + I2F_MAGIC * c, 1))
+    x = s * gl.expand_dims(c, 1) - gl.expand_dims(m_ref - P_SHIFT + I2F_MAGIC * c, 1)
+    if ABLATE_EXP:
+        p = x * 0.015625 + 1.0
+    else:
+        p = gl.exp2(x)
     l_i = l_i * alpha + _row_sum(p, BLOCK_M, BLOCK_N, row_layout)
     # Accumulator column 16a + 8h + 2c + e sits in the register the A operand reads as
     # k = 16a + 4c + 2h + e; V^T was stored in that order (kv_perm16), so this is a relabeling.

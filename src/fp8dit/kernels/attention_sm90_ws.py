@@ -1,0 +1,339 @@
+"""Hopper FP8 attention, warp-specialized (Gluon): one TMA warp, two consumer warpgroups.
+
+FlashAttention-3's structure on the plan of :mod:`fp8dit.kernels.attention`, with 128-row
+query tiles: warpgroup 0 takes rows 0-63 of a work item, warpgroup 1 rows 64-127, and both read
+the same K/V tiles, loaded once by a producer warp into a ring of ``STAGES`` slots (the 64-row
+kernels load every K/V tile once per 64 query rows). The two warpgroups take turns issuing
+their dots (``turn`` barriers), so the tensor cores run one warpgroup's QK/PV while the other
+computes its softmax; inside a warpgroup the softmax of block j also runs under the PV dot of
+block j-1 (see :mod:`fp8dit.kernels.attention_sm90` for that loop, reused here).
+
+Barriers (mbarriers in shared memory, one arrival per partition unless noted):
+    kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count)
+    kv_empty[s]  consumers -> producer: both warpgroups are done with slot s (count 2)
+    q_full       producer -> consumers: this item's two Q halves landed
+    q_empty      consumers -> producer: both warpgroups are done with the item's Q (count 2)
+    turn[w]      the other warpgroup issued its dots: warpgroup w may issue next
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from .attention_sm90 import (
+    LN2,
+    P_SHIFT,
+    _cta_barrier,
+    _p_to_fp8,
+    _softmax_block,
+    _tma_load,
+    _v_grid_log2,
+)
+
+I2F_MAGIC_BITS = gl.constexpr(0x4B400000)
+
+
+@gluon.jit
+def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
+              q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
+              DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr):
+    pid = gl.program_id(0)
+    w_begin = gl.load(work_indptr_ptr + pid)
+    w_end = gl.load(work_indptr_ptr + pid + 1)
+    cnt = 0
+    it = 0
+    for w in range(w_begin, w_end):
+        item = work_ptr + w * 6
+        b = gl.load(item + 0)
+        h = gl.load(item + 1)
+        qt = gl.load(item + 2)
+        kv_lo = gl.load(item + 3)
+        kv_hi = gl.load(item + 4)
+        hk = h // group
+        q_pad = gl.load(seq_ptr + b * 8 + 4)
+        k_pad = gl.load(seq_ptr + b * 8 + 5)
+        q_row = h * Tq_pad + q_pad + qt * (2 * BLOCK_M)
+        k_row0 = hk * Tk_pad + k_pad
+        v_row = hk * DP
+        # Both warpgroups released the previous item's Q (a fresh barrier passes parity 1).
+        mbarrier.wait(q_empty, (it & 1) ^ 1)
+        mbarrier.expect(q_full, 2 * desc_q.block_type.nbytes)
+        _tma_load(desc_q, [q_row, 0], q_full, q_smem.index(0))
+        _tma_load(desc_q, [q_row + BLOCK_M, 0], q_full, q_smem.index(1))
+        for kb in range(kv_lo, kv_hi):
+            slot = cnt % STAGES
+            mbarrier.wait(kv_empty.index(slot), ((cnt // STAGES) & 1) ^ 1)
+            bar = kv_full.index(slot)
+            mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+            col0 = kb * BLOCK_N
+            _tma_load(desc_k, [k_row0 + col0, 0], bar, k_bufs.index(slot))
+            _tma_load(desc_v, [v_row, k_pad + col0], bar, v_bufs.index(slot))
+            cnt += 1
+        it += 1
+
+
+@gluon.jit
+def _issue_turn(turn, wg: gl.constexpr, n_turns):
+    mbarrier.wait(turn.index(wg), n_turns & 1)
+    return n_turns + 1
+
+
+@gluon.jit
+def _pass_turn(turn, wg: gl.constexpr):
+    mbarrier.arrive(turn.index(1 - wg))
+
+
+@gluon.jit
+def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
+                   ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns,
+                   k_len, rows, s_init, zero_o, wg: gl.constexpr, MASKED: gl.constexpr,
+                   TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                   row_o: gl.constexpr):
+    """kv block kb (ring index cnt): QK(kb) and PV(kb-1) issued in this warpgroup's turn.
+
+    The PV dot issued here is waited for at the top of the next step, after this step's
+    softmax: ptxas moved a wait placed right after the softmax above it (unmasked loop,
+    sm_90 SASS, triton 3.6), and it does not move it across the loop's back edge.
+    """
+    slot = cnt % STAGES
+    # P of block kb-1 into the buffer PV(kb-2) does not read.
+    p_buf = p_smem.index(cnt % 2)
+    p_buf.store(_p_to_fp8(p))
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])  # PV(kb-2)
+    if TWO_LEVEL:
+        # PV(kb-2) came from a fresh accumulator: fold it into the fp32 sum (frame kb-2).
+        acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
+    fence_async_shared()
+    _cta_barrier()
+    # Every warp of this warpgroup is past PV(kb-2): block kb-2's slot is free.
+    mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
+    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
+    n_turns = _issue_turn(turn, wg, n_turns)
+    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
+    if TWO_LEVEL:
+        acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
+                                zero_o, use_acc=False, is_async=True)
+    else:
+        acc = acc * gl.expand_dims(step, 1)
+        acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)), acc,
+                                is_async=True)
+    _pass_turn(turn, wg)
+    c = q_scale * gl.load(ks_base + kb)
+    s_i = warpgroup_mma_wait(1, deps=[s_tok])
+    p, m_i, l_i, alpha = _softmax_block(
+        s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
+        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP)
+    step_prev = step
+    step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
+    return p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns
+
+
+@gluon.jit
+def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
+              turn, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
+              seq_ptr, work_ptr, work_indptr_ptr,
+              out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
+              part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
+              DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
+              ABLATE_EXP: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DP, 32])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+    s_init = gl.full([BLOCK_M, BLOCK_N], I2F_MAGIC_BITS, gl.int32, s_layout)
+    zero_o = gl.zeros([BLOCK_M, DP], gl.float32, o_layout)
+    offs_m = gl.arange(0, BLOCK_M, layout=row_s)
+    offs_mo = gl.arange(0, BLOCK_M, layout=row_o)
+    offs_d = gl.arange(0, DP, layout=col_o)
+    q_s = q_smem.index(wg)
+    p_smem = gl.allocate_shared_memory(
+        gl.float8e4nv, [2, BLOCK_M, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float8e4nv))
+
+    pid = gl.program_id(0)
+    w_begin = gl.load(work_indptr_ptr + pid)
+    w_end = gl.load(work_indptr_ptr + pid + 1)
+    cnt = 0
+    it = 0
+    n_turns = 0
+    if wg == 0:
+        mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
+    for w in range(w_begin, w_end):
+        item = work_ptr + w * 6
+        b = gl.load(item + 0)
+        h = gl.load(item + 1)
+        qt = gl.load(item + 2)
+        kv_lo = gl.load(item + 3)
+        kv_hi = gl.load(item + 4)
+        slot_out = gl.load(item + 5)
+        hk = h // group
+        q_len = gl.load(seq_ptr + b * 8 + 0)
+        k_len = gl.load(seq_ptr + b * 8 + 1)
+        q_src = gl.load(seq_ptr + b * 8 + 2)
+        q_pad = gl.load(seq_ptr + b * 8 + 4)
+        k_blk = gl.load(seq_ptr + b * 8 + 6)
+        row0 = qt * (2 * BLOCK_M) + wg * BLOCK_M
+        q_row = h * Tq_pad + q_pad + row0
+        ks_base = k_scale_ptr + hk * n_kblocks + k_blk
+        hi_fast = k_len // BLOCK_N
+        if IS_CAUSAL:
+            # the whole 128-row item shares one kv range: mask from the first row of the item
+            hi_fast = gl.minimum(hi_fast, (qt * (2 * BLOCK_M) + 1) // BLOCK_N)
+        q_scale = gl.load(q_scale_ptr + q_row + offs_m)
+        rows = row0 + offs_m
+        mbarrier.wait(q_full, it & 1)
+
+        # Block kv_lo: QK alone.
+        slot = cnt % STAGES
+        mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
+        n_turns = _issue_turn(turn, wg, n_turns)
+        s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
+        _pass_turn(turn, wg)
+        s_i = warpgroup_mma_wait(0, deps=[s_tok])
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+        c = q_scale * gl.load(ks_base + kv_lo)
+        p, m_i, l_i, alpha = _softmax_block(
+            s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
+            BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
+        acc_tok = warpgroup_mma_init(zero_o)
+        acc_m = zero_o  # the fp32 sum (TWO_LEVEL)
+        step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
+        step_prev = step
+        cnt += 1
+
+        hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
+        for kb in range(kv_lo + 1, hi_main):
+            p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+                s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
+            cnt += 1
+        for kb in range(hi_main, kv_hi):
+            p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+                s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
+            cnt += 1
+
+        # PV of the last block, then release its slot and the item's Q.
+        last = (cnt - 1) % STAGES
+        p_buf = p_smem.index(cnt % 2)
+        p_buf.store(_p_to_fp8(p))
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        if TWO_LEVEL:
+            acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
+        n_turns = _issue_turn(turn, wg, n_turns)
+        if TWO_LEVEL:
+            acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
+                                    use_acc=False, is_async=True)
+        else:
+            acc = acc * gl.expand_dims(step, 1)
+            acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), acc,
+                                    is_async=True)
+        _pass_turn(turn, wg)
+        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+        if TWO_LEVEL:
+            acc = acc_m * gl.expand_dims(step, 1) + acc
+        _cta_barrier()
+        mbarrier.arrive(kv_empty.index(last))
+        mbarrier.arrive(q_empty)
+        it += 1
+
+        vbase = (b * Hkv + hk) * DP
+        v_scale = gl.load(v_scale_ptr + vbase + offs_d)
+        v_mean = gl.load(v_mean_ptr + vbase + offs_d)
+        empty = l_i == 0.0
+        inv_l = gl.where(empty, 0.0, 1.0 / l_i) * gl.exp2(_v_grid_log2(kv_hi - 1))
+        o = acc * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1) \
+            * gl.expand_dims(v_scale, 0) + gl.expand_dims(v_mean, 0)
+        o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
+        corr = gl.load(q_lse_corr_ptr + q_row + offs_m)
+        lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2 + corr
+        lse = gl.where(empty, float("-inf"), lse)
+        if slot_out < 0:
+            rmask = (row0 + offs_mo) < q_len
+            tok0 = (q_src + row0).to(gl.int64)
+            hq64 = h.to(gl.int64)
+            optr = (out_ptr + b.to(gl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
+                    + gl.expand_dims(offs_mo, 1) * o_st + gl.expand_dims(offs_d, 0) * o_sd)
+            omask = gl.expand_dims(rmask, 1) & gl.expand_dims(offs_d < D, 0)
+            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+            lptr = lse_ptr + b.to(gl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
+            gl.store(lptr + offs_m * l_st, lse, mask=rows < q_len)
+        else:
+            # partial slots hold 2 * BLOCK_M rows: this warpgroup's half
+            pbase = slot_out.to(gl.int64) * (2 * BLOCK_M) + wg * BLOCK_M
+            gl.store(part_o_ptr + gl.expand_dims(pbase + offs_mo, 1) * DP
+                     + gl.expand_dims(offs_d, 0), o)
+            gl.store(part_lse_ptr + pbase + offs_m, lse)
+
+
+@gluon.jit
+def attention_fwd_sm90_ws_kernel(
+    desc_q, q_scale_ptr, q_lse_corr_ptr,
+    desc_k, k_scale_ptr, desc_v, v_scale_ptr, v_mean_ptr,
+    seq_ptr, work_ptr, work_indptr_ptr,
+    out_ptr, o_sb, o_st, o_sh, o_sd,
+    lse_ptr, l_sb, l_sh, l_st,
+    part_o_ptr, part_lse_ptr,
+    D, Tq_pad, Tk_pad, n_kblocks, group, Hkv,
+    DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = False,
+):
+    """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
+    gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, DP], desc_q.layout)
+    k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES, BLOCK_N, DP], desc_k.layout)
+    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES, DP, BLOCK_N], desc_v.layout)
+    kv_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_full.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    mbarrier.init(q_full, count=1)
+    mbarrier.init(q_empty, count=2)
+
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
+                     seq_ptr, work_ptr, work_indptr_ptr,
+                     out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
+                     part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP)),
+        (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
+                     seq_ptr, work_ptr, work_indptr_ptr,
+                     out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
+                     part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
+                     q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
+                     DP, BLOCK_M, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
