@@ -177,8 +177,10 @@ GLUON_CONFIGS = {
                           "gluon-ws"),
     "ws-d64-3s": ("cogvideox-5b", 64, {"sm90_stages": 3}, "gluon-ws"),
     # timing only, wrong results: the kernel without its exp2 (MUFU) work
-    "ws-d128-3s-noexp": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_ablate_exp": True},
+    "ws-d128-3s-noexp": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_ablate_exp": 1},
                          "gluon-ws"),
+    "ws-d128-3s-nosoftmax": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_ablate_exp": 2},
+                             "gluon-ws"),
     "d128-3s-2p": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3}),
     "d128-2s-3p-r168": ("wan2.2-a14b-720p", 128,
                         {"sm90_stages": 2, "programs_per_sm": 3, "maxnreg": 168}),

@@ -300,8 +300,8 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             DP=Dp, BLOCK_M=qm, BLOCK_N=BN, IS_CAUSAL=key.is_causal, STAGES=stages,
             CONSUMER_REGS=cfg.get("sm90_consumer_regs", 240),
             TWO_LEVEL=cfg.get("sm90_two_level", True), num_warps=4,
-            # benchmarks only (wrong results): P's exp2 replaced by an FFMA
-            ABLATE_EXP=cfg.get("sm90_ablate_exp", False),
+            # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax
+            ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
         )
         return
     mod.attention_fwd_sm90_kernel[(plan.num_programs,)](

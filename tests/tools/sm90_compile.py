@@ -105,7 +105,7 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
         seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
     )
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
-    const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=False) if ws \
+    const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=0) if ws \
         else const.update(TWO_LEVEL=False)
     names = list(inspect.signature(kernel.fn).parameters)
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")

@@ -84,15 +84,20 @@ def _row_sum(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.con
 def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   ABLATE_EXP: gl.constexpr = False):
+                   ABLATE_EXP: gl.constexpr = 0):
     """Scores of kv block ``kb`` -> (fp32 P in the PV dot's A layout, m, l, alpha).
 
-    ``ABLATE_EXP`` (benchmarks only, wrong results): P's exp2 replaced by an FFMA, to time the
-    kernel without its MUFU work.
+    ``ABLATE_EXP`` (benchmarks only, wrong results): 1 replaces P's exp2 by an FFMA (the
+    kernel without its MUFU work); 2 skips the softmax (P = S: only the dots and the pipeline).
 
     ``s_i`` holds the int32 dot plus I2F_MAGIC_BITS, i.e. the float MAGIC + s exactly.
     """
     s = s_i.to(gl.float32, bitcast=True)
+    if ABLATE_EXP == 2:
+        alpha = gl.full_like(m_i, 1.0)
+        p = gl.reshape(s, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
+        p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])
+        return gl.convert_layout(p, p_layout, assert_trivial=True), m_i, l_i, alpha
     if masked:
         cols = kb * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         valid = gl.expand_dims(cols < k_len, 0)
@@ -104,7 +109,7 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
     x = s * gl.expand_dims(c, 1) - gl.expand_dims(m_ref - P_SHIFT + I2F_MAGIC * c, 1)
-    if ABLATE_EXP:
+    if ABLATE_EXP == 1:
         p = x * 0.015625 + 1.0
     else:
         p = gl.exp2(x)
