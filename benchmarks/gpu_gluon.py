@@ -34,7 +34,7 @@ from fp8dit.testing import (
 )
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_variants import bench, cudnn_fn, rotated, tflops  # noqa: E402
+from gpu_variants import bench, cudnn_fn, fp8_fn, rotated, tflops  # noqa: E402
 
 ROWS = []
 
@@ -51,7 +51,7 @@ def kernel(name):
 KERNELS = ("gluon-ws", "gluon", "triton")
 
 
-def both(fn):
+def each_kernel(fn):
     """fn() under each kernel: {'gluon-ws': ..., 'gluon': ..., 'triton': ...}."""
     res = {}
     for name in KERNELS:
@@ -83,7 +83,7 @@ def part_check():
         ref, lse_ref = attention_ref(q, k, v, is_causal=causal, return_lse=True)
         rec = {}
         try:
-            outs = both(lambda q=q, k=k, v=v, c=causal, n=splits: fp8dit.attention(
+            outs = each_kernel(lambda q=q, k=k, v=v, c=causal, n=splits: fp8dit.attention(
                 q, k, v, backend="fp8", is_causal=c, num_splits=n, return_lse=True))
             for kname in KERNELS:
                 kernel(kname)
@@ -113,7 +113,7 @@ def part_check():
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     ref = attention_varlen_ref(q, k, v, cu, cu)
     try:
-        outs = both(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
+        outs = each_kernel(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
                                                     backend="fp8"))
         rec = {kname: error_stats(o, ref).rel_l1 for kname, o in outs.items()}
         for kname in ("gluon", "gluon-ws"):
@@ -145,10 +145,7 @@ def part_speed(names=None):
                tflops=tflops(B, H, S, D, cud))
         for kname in ("gluon-ws", "triton", "gluon-ws"):
             kernel(kname)
-
-            def run(nxt=nxt):
-                q, k, v = nxt()
-                return fp8dit.attention(q, k, v, backend="fp8")
+            run = fp8_fn(nxt, None)
             try:
                 run()
                 torch.cuda.synchronize()
@@ -199,10 +196,7 @@ def part_stages(only=None):
         sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
         nxt = rotated(sets)
         launch.TILE_OVERRIDES[dp] = over
-
-        def run(nxt=nxt):
-            q, k, v = nxt()
-            return fp8dit.attention(q, k, v, backend="fp8")
+        run = fp8_fn(nxt, None)
         try:
             run()
             torch.cuda.synchronize()
@@ -224,7 +218,7 @@ def part_drift():
             q, k, v = make_qkv(1, 2, S, D, device="cuda", family=family, seed=S)
             rows = torch.randperm(S, device="cuda")[:1024]
             ref, lse_ref = attention_ref_rows(q, k, v, rows)
-            outs = both(lambda q=q, k=k, v=v: fp8dit.attention(q, k, v, backend="fp8",
+            outs = each_kernel(lambda q=q, k=k, v=v: fp8dit.attention(q, k, v, backend="fp8",
                                                                return_lse=True))
             for kname, (out, lse) in outs.items():
                 st = error_stats(out[0, rows], ref)

@@ -286,35 +286,30 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
         return GluonDescriptor.from_tensor(t, block, layout)
 
-    stages = cfg.get("sm90_stages", SM90_STAGES)
-    if ws_kernel:
-        qm = BM // 2  # one consumer warpgroup's rows
-        mod.attention_fwd_sm90_ws_kernel[(plan.num_programs,)](
-            desc(ws.q8.view(-1, Dp), [qm, Dp], gl.int8), ws.q_scale, ws.q_corr,
-            desc(ws.k8.view(-1, Dp), [BN, Dp], gl.int8), ws.k_scale,
-            desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN], gl.float8e4nv),
-            ws.v_scale, ws.v_mean,
-            tabs["seq"], tabs["work"], tabs["work_indptr"],
-            out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
-            D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
-            DP=Dp, BLOCK_M=qm, BLOCK_N=BN, IS_CAUSAL=key.is_causal, STAGES=stages,
-            CONSUMER_REGS=cfg.get("sm90_consumer_regs", 240),
-            TWO_LEVEL=cfg.get("sm90_two_level", True), num_warps=4,
-            # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax
-            ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
-        )
-        return
-    mod.attention_fwd_sm90_kernel[(plan.num_programs,)](
-        desc(ws.q8.view(-1, Dp), [BM, Dp], gl.int8), ws.q_scale, ws.q_corr,
+    # One query tile's rows per program; the warp-specialized kernel's plan tile (128 rows)
+    # is split between its two consumer warpgroups.
+    rows = BM // 2 if ws_kernel else BM
+    args = (
+        desc(ws.q8.view(-1, Dp), [rows, Dp], gl.int8), ws.q_scale, ws.q_corr,
         desc(ws.k8.view(-1, Dp), [BN, Dp], gl.int8), ws.k_scale,
         desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN], gl.float8e4nv),
         ws.v_scale, ws.v_mean,
         tabs["seq"], tabs["work"], tabs["work_indptr"],
         out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
         D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
-        DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, STAGES=stages,
-        TWO_LEVEL=False, num_warps=4, **_register_cap(cfg),
     )
+    meta = dict(DP=Dp, BLOCK_M=rows, BLOCK_N=BN, IS_CAUSAL=key.is_causal,
+                STAGES=cfg.get("sm90_stages", SM90_STAGES), num_warps=4)
+    if ws_kernel:
+        mod.attention_fwd_sm90_ws_kernel[(plan.num_programs,)](
+            *args, **meta,
+            CONSUMER_REGS=cfg.get("sm90_consumer_regs", 240),
+            TWO_LEVEL=cfg.get("sm90_two_level", True),
+            # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax
+            ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
+        )
+    else:
+        mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
 
 
 def attention_stage(plan: Plan, cfg: dict, ws: Workspace,

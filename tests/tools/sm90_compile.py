@@ -28,29 +28,6 @@ from triton.compiler import ASTSource
 SASS_OPS = ("IGMMA", "QGMMA", "HGMMA", "HMMA", "IMMA", "LDL", "STL", "UTMALDG")
 
 
-def inner_loop_spills(sass: str) -> int:
-    """LDL/STL inside the innermost loops that issue tensor-core MMAs (the kv-block loops).
-
-    Spills in a work item's prologue or epilogue run once per item (hundreds of kv blocks);
-    inside the MMA loop they run every block.
-    """
-    ins = [(int(m.group(1), 16), m.group(2)) for m in
-           re.finditer(r"/\*([0-9a-f]{4,})\*/\s*([^;]*);", sass)]
-    loops = []
-    for addr, text in ins:
-        m = re.search(r"BRA (0x[0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            loops.append((int(m.group(1), 16), addr))
-    inner = [(a, b) for a, b in loops
-             if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops)]
-    count = 0
-    for a, b in inner:
-        body = [t for addr, t in ins if a <= addr <= b]
-        if any("GMMA" in t for t in body):
-            count += sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
-    return count
-
-
 def _disassemble(cubin: bytes) -> str:
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -75,6 +52,19 @@ def mma_loops(sass: str) -> list[list[str]]:
              if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops)]
     bodies = [[t for addr, t in ins if a <= addr <= b] for a, b in inner]
     return [b for b in bodies if any("GMMA" in t for t in b)]
+
+
+def inner_loop_spills(sass: str) -> int:
+    """LDL/STL inside the innermost loops that issue tensor-core MMAs (the kv-block loops).
+
+    Spills in a work item's prologue or epilogue run once per item (hundreds of kv blocks);
+    inside the MMA loop they run every block.
+    """
+    return sum(_spills(body) for body in mma_loops(sass))
+
+
+def _spills(body: list[str]) -> int:
+    return sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
 
 
 def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
@@ -105,8 +95,8 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
         seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
     )
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
-    const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=0) if ws \
-        else const.update(TWO_LEVEL=False)
+    if ws:
+        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=0)
     names = list(inspect.signature(kernel.fn).parameters)
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")
                                                          else "i32") for n in names}
@@ -124,7 +114,7 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
                 under = max(under, sum("MUFU.EX2" in t for t in body[i:j]))
         out["loops"].append({
             "instructions": len(body),
-            "spills": sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t)),
+            "spills": _spills(body),
             "exp_under_pv": under,
             "igmma": sum("IGMMA" in t for t in body), "qgmma": sum("QGMMA" in t for t in body),
         })
@@ -144,7 +134,6 @@ def main(path: str) -> int:
                     print(json.dumps(rep), flush=True)
         return 0
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with open(path) as f:
         launches = json.load(f)
     status = 0
@@ -159,11 +148,7 @@ def main(path: str) -> int:
                                          "num_stages": rec["num_stages"],
                                          **({"maxnreg": rec["maxnreg"]}
                                             if rec.get("maxnreg") else {})})
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(ck.asm["cubin"])
-            sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name],
-                                  capture_output=True, text=True, check=True).stdout
-            os.unlink(f.name)
+            sass = _disassemble(ck.asm["cubin"])
             ops = collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
             out.update(ok=True, sass=dict(ops), shared=ck.metadata.shared,
                        loop_spills=inner_loop_spills(sass))

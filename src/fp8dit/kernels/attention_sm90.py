@@ -9,17 +9,21 @@ session 2). Here the loop is written out (FlashAttention-3's intra-warpgroup ove
 
     wait K/V(j)                        TMA ring of STAGES slots, one mbarrier per slot
     S_j   = QK(j)      async           int32 accumulator preset to the int->float magic bits
-    PV    = P_{j-1} V_{j-1}   async    P from registers (fp8 A operand), fresh fp32
+    O    += P_{j-1} V_{j-1}   async    P from registers (fp8 A operand)
     wait until only the PV dot is in flight
     softmax(S_j) -> P_j, alpha_j       runs while the tensor cores do PV(j-1)
-    wait PV(j-1); refill slot j-1 with block j-1+STAGES; O = O * alpha_{j-1} + PV(j-1)
+    wait PV(j-1); refill slot j-1 with block j-1+STAGES; O *= alpha_j
+
+PV goes straight into O through the tensor core's accumulator, which is narrower than fp32: the
+output drifts at 200k tokens (rel-L1 0.0495 vs 0.0390; a per-block fp32 sum needs 64 more
+registers and spilled). ``attention_sm90_ws`` keeps the per-block sum.
 
 P needs no register shuffle into the A-operand layout: the quantizer stores V with the kv index
 permuted inside each group of 16 (``kv_perm16``), so the accumulator registers of S already hold
 P in the order the PV dot's A operand reads them (``convert_layout(..., assert_trivial=True)``).
 
 Gluon's API is experimental and moves between Triton releases; :mod:`fp8dit.launch` uses this
-kernel only where it was built and checked (``gluon_sm90_available``) and keeps the Triton kernel
+kernel only when asked (``FP8DIT_KERNEL=gluon``, ``use_gluon_sm90``) and keeps the Triton kernel
 everywhere else (the CPU interpreter cannot run Gluon).
 """
 
@@ -153,11 +157,11 @@ def _hold(p, p8, zero_i):
 
 
 @gluon.jit
-def _kv_step(kb, idx, kv_hi, p, m_i, l_i, acc, acc_alpha, q_scale, ks_base,
+def _kv_step(kb, idx, kv_hi, p, m_i, l_i, acc, q_scale, ks_base,
              q_smem, k_bufs, v_bufs, bars, desc_k, desc_v, k_row0, v_row, k_pad, k_len,
-             rows, zero_i, s_init, zero_o, MASKED: gl.constexpr,
+             rows, zero_i, s_init, MASKED: gl.constexpr,
              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-             STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
+             STAGES: gl.constexpr,
              s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
     """One kv block: QK(kb) and PV(kb-1) in flight together, softmax(kb) under PV(kb-1).
 
@@ -169,14 +173,7 @@ def _kv_step(kb, idx, kv_hi, p, m_i, l_i, acc, acc_alpha, q_scale, ks_base,
     mbarrier.wait(bars.index(slot), (idx // STAGES) & 1)
     s_tok = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
     p8 = _p_to_fp8(p)
-    if TWO_LEVEL:
-        # Each block's PV in a fresh fp32 accumulator, added to acc by the FFMA that rescales
-        # it: the fp8 MMA's own accumulation is narrower than fp32.
-        pv_tok = warpgroup_mma(p8, v_bufs.index(prev).permute((1, 0)), zero_o,
-                               use_acc=False, is_async=True)
-    else:
-        # Straight into acc: 64 registers fewer (no PV accumulator next to acc).
-        acc_tok = warpgroup_mma(p8, v_bufs.index(prev).permute((1, 0)), acc, is_async=True)
+    acc_tok = warpgroup_mma(p8, v_bufs.index(prev).permute((1, 0)), acc, is_async=True)
     c = q_scale * gl.load(ks_base + kb)
     s_i = warpgroup_mma_wait(1, deps=[s_tok])
     p, m_i, l_i, alpha = _softmax_block(
@@ -185,20 +182,63 @@ def _kv_step(kb, idx, kv_hi, p, m_i, l_i, acc, acc_alpha, q_scale, ks_base,
     p = _hold(p, p8, zero_i)
     # From block kb-1's frame (max and V grid) to block kb's.
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
-    if TWO_LEVEL:
-        pv = warpgroup_mma_wait(0, deps=[pv_tok])
-        acc = acc * gl.expand_dims(acc_alpha, 1) + pv
-        acc_alpha = step
-    else:
-        acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        acc = acc * gl.expand_dims(step, 1)
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    acc = acc * gl.expand_dims(step, 1)
     # Every warp of the warpgroup is past its wait: slot `prev` is free for the TMA refill.
     _cta_barrier()
     nxt = kb - 1 + STAGES
     col0 = nxt * BLOCK_N
     _issue_kv(desc_k, desc_v, k_bufs, v_bufs, bars, idx - 1 + STAGES, k_row0 + col0,
               v_row, k_pad + col0, nxt < kv_hi, STAGES)
-    return p, m_i, l_i, acc, acc_alpha
+    return p, m_i, l_i, acc
+
+
+@gluon.jit
+def _load_item(work_ptr, seq_ptr, w, group):
+    """Work item ``w`` (columns W_* of ``kernels.attention``) and its sequence's table row:
+    (b, h, q tile, kv_lo, kv_hi, partial slot, kv head, q_len, k_len, q_src, q_pad, k_pad,
+    first k block)."""
+    item = work_ptr + w * 6
+    b = gl.load(item + 0)
+    h = gl.load(item + 1)
+    seq = seq_ptr + b * 8
+    return (b, h, gl.load(item + 2), gl.load(item + 3), gl.load(item + 4), gl.load(item + 5),
+            h // group, gl.load(seq + 0), gl.load(seq + 1), gl.load(seq + 2), gl.load(seq + 4),
+            gl.load(seq + 5), gl.load(seq + 6))
+
+
+@gluon.jit
+def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out, part_row0,
+                v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
+                lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
+                offs_m, offs_mo, offs_d, DP: gl.constexpr, row_o: gl.constexpr):
+    """Epilogue of one tile of query rows: out of the V grid frame, V scale and mean, the LSE;
+    into the output (whole kv range) or partial rows ``part_row0`` onwards (split-KV).
+    ``offs_m``/``offs_mo``: row indices in the S and O row layouts; ``offs_d``: columns."""
+    vbase = (b * Hkv + hk) * DP
+    v_scale = gl.load(v_scale_ptr + vbase + offs_d)
+    v_mean = gl.load(v_mean_ptr + vbase + offs_d)
+    empty = l_i == 0.0
+    inv_l = gl.where(empty, 0.0, 1.0 / l_i) * gl.exp2(_v_grid_log2(kv_hi - 1))
+    o = acc * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1) \
+        * gl.expand_dims(v_scale, 0) + gl.expand_dims(v_mean, 0)
+    o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
+    corr = gl.load(q_lse_corr_ptr + q_row + offs_m)
+    lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2 + corr
+    lse = gl.where(empty, float("-inf"), lse)
+    if slot_out < 0:
+        tok0 = (q_src + row0).to(gl.int64)
+        hq64 = h.to(gl.int64)
+        optr = (out_ptr + b.to(gl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
+                + gl.expand_dims(offs_mo, 1) * o_st + gl.expand_dims(offs_d, 0) * o_sd)
+        omask = gl.expand_dims((row0 + offs_mo) < q_len, 1) & gl.expand_dims(offs_d < D, 0)
+        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+        lptr = lse_ptr + b.to(gl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
+        gl.store(lptr + offs_m * l_st, lse, mask=(row0 + offs_m) < q_len)
+    else:
+        gl.store(part_o_ptr + gl.expand_dims(part_row0 + offs_mo, 1) * DP
+                 + gl.expand_dims(offs_d, 0), o)
+        gl.store(part_lse_ptr + part_row0 + offs_m, lse)
 
 
 @gluon.jit
@@ -211,8 +251,7 @@ def attention_fwd_sm90_kernel(
     part_o_ptr, part_lse_ptr,
     D, Tq_pad, Tk_pad, n_kblocks, group, Hkv,
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
-    num_warps: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 4, "one warpgroup per program")
     gl.static_assert(BLOCK_M == 64, "m64 WGMMA, one warpgroup")
@@ -236,7 +275,6 @@ def attention_fwd_sm90_kernel(
 
     # The int32 QK accumulator starts at the magic bits: S's registers then read as floats.
     s_init = gl.full([BLOCK_M, BLOCK_N], I2F_MAGIC_BITS, gl.int32, s_layout)
-    zero_o = gl.zeros([BLOCK_M, DP], gl.float32, o_layout)  # ignored (use_acc=False)
     offs_m = gl.arange(0, BLOCK_M, layout=row_s)
     offs_mo = gl.arange(0, BLOCK_M, layout=row_o)
     offs_d = gl.arange(0, DP, layout=col_o)
@@ -247,20 +285,8 @@ def attention_fwd_sm90_kernel(
     base = 0  # kv blocks consumed so far by this program: ring slot and barrier phase
     q_phase = 0
     for w in range(w_begin, w_end):
-        item = work_ptr + w * 6
-        b = gl.load(item + 0)
-        h = gl.load(item + 1)
-        qt = gl.load(item + 2)
-        kv_lo = gl.load(item + 3)
-        kv_hi = gl.load(item + 4)
-        slot_out = gl.load(item + 5)
-        hk = h // group
-        q_len = gl.load(seq_ptr + b * 8 + 0)
-        k_len = gl.load(seq_ptr + b * 8 + 1)
-        q_src = gl.load(seq_ptr + b * 8 + 2)
-        q_pad = gl.load(seq_ptr + b * 8 + 4)
-        k_pad = gl.load(seq_ptr + b * 8 + 5)
-        k_blk = gl.load(seq_ptr + b * 8 + 6)
+        (b, h, qt, kv_lo, kv_hi, slot_out, hk, q_len, k_len, q_src, q_pad, k_pad,
+         k_blk) = _load_item(work_ptr, seq_ptr, w, group)
 
         row0 = qt * BLOCK_M
         q_row = h * Tq_pad + q_pad + row0
@@ -295,7 +321,6 @@ def attention_fwd_sm90_kernel(
             s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
             BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
         acc = gl.zeros([BLOCK_M, DP], gl.float32, o_layout)
-        acc_alpha = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
         # A zero the compiler cannot see through (k_len > 0 for every work item).
         zero_i = gl.full([BLOCK_M, BLOCK_N], 0, gl.int32, p_layout) + (k_len < 0).to(gl.int32)
 
@@ -303,58 +328,30 @@ def attention_fwd_sm90_kernel(
         # diagonal): no branch inside the main loop (see _kv_step).
         hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
         for kb in range(kv_lo + 1, hi_main):
-            p, m_i, l_i, acc, acc_alpha = _kv_step(
-                kb, kb - kv_lo + base, kv_hi, p, m_i, l_i, acc, acc_alpha, q_scale, ks_base,
+            p, m_i, l_i, acc = _kv_step(
+                kb, kb - kv_lo + base, kv_hi, p, m_i, l_i, acc, q_scale, ks_base,
                 q_smem, k_bufs, v_bufs, bars, desc_k, desc_v, k_row0, v_row, k_pad, k_len,
-                rows, zero_i, s_init, zero_o, False,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL,
+                rows, zero_i, s_init, False,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES,
                 s_layout, p_layout, row_o)
         for kb in range(hi_main, kv_hi):
-            p, m_i, l_i, acc, acc_alpha = _kv_step(
-                kb, kb - kv_lo + base, kv_hi, p, m_i, l_i, acc, acc_alpha, q_scale, ks_base,
+            p, m_i, l_i, acc = _kv_step(
+                kb, kb - kv_lo + base, kv_hi, p, m_i, l_i, acc, q_scale, ks_base,
                 q_smem, k_bufs, v_bufs, bars, desc_k, desc_v, k_row0, v_row, k_pad, k_len,
-                rows, zero_i, s_init, zero_o, True,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL,
+                rows, zero_i, s_init, True,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES,
                 s_layout, p_layout, row_o)
 
         last = base + n - 1
-        if TWO_LEVEL:
-            pv = warpgroup_mma(_p_to_fp8(p), v_bufs.index(last % STAGES).permute((1, 0)),
-                               zero_o, use_acc=False)
-            acc = acc * gl.expand_dims(acc_alpha, 1) + pv
-        else:
-            acc = warpgroup_mma(_p_to_fp8(p), v_bufs.index(last % STAGES).permute((1, 0)), acc)
+        acc = warpgroup_mma(_p_to_fp8(p), v_bufs.index(last % STAGES).permute((1, 0)), acc)
         base += n
         # Slots are reused by the next item's prologue only after this thread barrier.
         _cta_barrier()
-
-        vbase = (b * Hkv + hk) * DP
-        v_scale = gl.load(v_scale_ptr + vbase + offs_d)
-        v_mean = gl.load(v_mean_ptr + vbase + offs_d)
-        empty = l_i == 0.0
-        inv_l = gl.where(empty, 0.0, 1.0 / l_i) * gl.exp2(_v_grid_log2(kv_hi - 1))
-        inv_lo = gl.convert_layout(inv_l, row_o)
-        o = acc * gl.expand_dims(inv_lo, 1) * gl.expand_dims(v_scale, 0) \
-            + gl.expand_dims(v_mean, 0)
-        o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
-        corr = gl.load(q_lse_corr_ptr + q_row + offs_m)
-        lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2 + corr
-        lse = gl.where(empty, float("-inf"), lse)
-        if slot_out < 0:
-            rmask = (row0 + offs_mo) < q_len
-            tok0 = (q_src + row0).to(gl.int64)
-            hq64 = h.to(gl.int64)
-            optr = (out_ptr + b.to(gl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
-                    + gl.expand_dims(offs_mo, 1) * o_st + gl.expand_dims(offs_d, 0) * o_sd)
-            omask = gl.expand_dims(rmask, 1) & gl.expand_dims(offs_d < D, 0)
-            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
-            lptr = lse_ptr + b.to(gl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
-            gl.store(lptr + offs_m * l_st, lse, mask=rows < q_len)
-        else:
-            pbase = slot_out.to(gl.int64) * BLOCK_M
-            gl.store(part_o_ptr + gl.expand_dims(pbase + offs_mo, 1) * DP
-                     + gl.expand_dims(offs_d, 0), o)
-            gl.store(part_lse_ptr + pbase + offs_m, lse)
+        _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out,
+                    slot_out.to(gl.int64) * BLOCK_M,
+                    v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
+                    lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
+                    offs_m, offs_mo, offs_d, DP, row_o)
 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))

@@ -27,16 +27,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .attention_sm90 import (
-    LN2,
-    P_SHIFT,
+    I2F_MAGIC_BITS,
     _cta_barrier,
+    _load_item,
     _p_to_fp8,
     _softmax_block,
     _tma_load,
     _v_grid_log2,
+    _write_rows,
 )
-
-I2F_MAGIC_BITS = gl.constexpr(0x4B400000)
 
 
 @gluon.jit
@@ -50,15 +49,8 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
     cnt = 0
     it = 0
     for w in range(w_begin, w_end):
-        item = work_ptr + w * 6
-        b = gl.load(item + 0)
-        h = gl.load(item + 1)
-        qt = gl.load(item + 2)
-        kv_lo = gl.load(item + 3)
-        kv_hi = gl.load(item + 4)
-        hk = h // group
-        q_pad = gl.load(seq_ptr + b * 8 + 4)
-        k_pad = gl.load(seq_ptr + b * 8 + 5)
+        (b, h, qt, kv_lo, kv_hi, _slot, hk, _q_len, _k_len, _q_src, q_pad, k_pad,
+         _k_blk) = _load_item(work_ptr, seq_ptr, w, group)
         q_row = h * Tq_pad + q_pad + qt * (2 * BLOCK_M)
         k_row0 = hk * Tk_pad + k_pad
         v_row = hk * DP
@@ -174,19 +166,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     if wg == 0:
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     for w in range(w_begin, w_end):
-        item = work_ptr + w * 6
-        b = gl.load(item + 0)
-        h = gl.load(item + 1)
-        qt = gl.load(item + 2)
-        kv_lo = gl.load(item + 3)
-        kv_hi = gl.load(item + 4)
-        slot_out = gl.load(item + 5)
-        hk = h // group
-        q_len = gl.load(seq_ptr + b * 8 + 0)
-        k_len = gl.load(seq_ptr + b * 8 + 1)
-        q_src = gl.load(seq_ptr + b * 8 + 2)
-        q_pad = gl.load(seq_ptr + b * 8 + 4)
-        k_blk = gl.load(seq_ptr + b * 8 + 6)
+        (b, h, qt, kv_lo, kv_hi, slot_out, hk, q_len, k_len, q_src, q_pad, _k_pad,
+         k_blk) = _load_item(work_ptr, seq_ptr, w, group)
         row0 = qt * (2 * BLOCK_M) + wg * BLOCK_M
         q_row = h * Tq_pad + q_pad + row0
         ks_base = k_scale_ptr + hk * n_kblocks + k_blk
@@ -260,33 +241,12 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         mbarrier.arrive(q_empty)
         it += 1
 
-        vbase = (b * Hkv + hk) * DP
-        v_scale = gl.load(v_scale_ptr + vbase + offs_d)
-        v_mean = gl.load(v_mean_ptr + vbase + offs_d)
-        empty = l_i == 0.0
-        inv_l = gl.where(empty, 0.0, 1.0 / l_i) * gl.exp2(_v_grid_log2(kv_hi - 1))
-        o = acc * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1) \
-            * gl.expand_dims(v_scale, 0) + gl.expand_dims(v_mean, 0)
-        o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
-        corr = gl.load(q_lse_corr_ptr + q_row + offs_m)
-        lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2 + corr
-        lse = gl.where(empty, float("-inf"), lse)
-        if slot_out < 0:
-            rmask = (row0 + offs_mo) < q_len
-            tok0 = (q_src + row0).to(gl.int64)
-            hq64 = h.to(gl.int64)
-            optr = (out_ptr + b.to(gl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
-                    + gl.expand_dims(offs_mo, 1) * o_st + gl.expand_dims(offs_d, 0) * o_sd)
-            omask = gl.expand_dims(rmask, 1) & gl.expand_dims(offs_d < D, 0)
-            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
-            lptr = lse_ptr + b.to(gl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
-            gl.store(lptr + offs_m * l_st, lse, mask=rows < q_len)
-        else:
-            # partial slots hold 2 * BLOCK_M rows: this warpgroup's half
-            pbase = slot_out.to(gl.int64) * (2 * BLOCK_M) + wg * BLOCK_M
-            gl.store(part_o_ptr + gl.expand_dims(pbase + offs_mo, 1) * DP
-                     + gl.expand_dims(offs_d, 0), o)
-            gl.store(part_lse_ptr + pbase + offs_m, lse)
+        # partial slots hold 2 * BLOCK_M rows: this warpgroup's half
+        _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out,
+                    slot_out.to(gl.int64) * (2 * BLOCK_M) + wg * BLOCK_M,
+                    v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
+                    lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
+                    offs_m, offs_mo, offs_d, DP, row_o)
 
 
 @gluon.jit
