@@ -305,8 +305,10 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             *args, **meta,
             CONSUMER_REGS=cfg.get("sm90_consumer_regs", 240),
             TWO_LEVEL=cfg.get("sm90_two_level", True),
-            # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax
+            # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax, 3 = no softmax
+            # and no P store
             ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
+            PINGPONG=cfg.get("sm90_pingpong", True),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

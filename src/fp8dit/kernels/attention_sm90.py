@@ -92,12 +92,13 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
     """Scores of kv block ``kb`` -> (fp32 P in the PV dot's A layout, m, l, alpha).
 
     ``ABLATE_EXP`` (benchmarks only, wrong results): 1 replaces P's exp2 by an FFMA (the
-    kernel without its MUFU work); 2 skips the softmax (P = S: only the dots and the pipeline).
+    kernel without its MUFU work); 2 (and 3) skip the softmax (P = S: only the dots and the
+    pipeline).
 
     ``s_i`` holds the int32 dot plus I2F_MAGIC_BITS, i.e. the float MAGIC + s exactly.
     """
     s = s_i.to(gl.float32, bitcast=True)
-    if ABLATE_EXP == 2:
+    if ABLATE_EXP >= 2:
         alpha = gl.full_like(m_i, 1.0)
         p = gl.reshape(s, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
         p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])

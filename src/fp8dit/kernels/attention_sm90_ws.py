@@ -72,14 +72,16 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
 
 
 @gluon.jit
-def _issue_turn(turn, wg: gl.constexpr, n_turns):
-    mbarrier.wait(turn.index(wg), n_turns & 1)
+def _issue_turn(turn, wg: gl.constexpr, n_turns, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.wait(turn.index(wg), n_turns & 1)
     return n_turns + 1
 
 
 @gluon.jit
-def _pass_turn(turn, wg: gl.constexpr):
-    mbarrier.arrive(turn.index(1 - wg))
+def _pass_turn(turn, wg: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - wg))
 
 
 @gluon.jit
@@ -89,7 +91,7 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
                    TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   row_o: gl.constexpr):
+                   row_o: gl.constexpr, PINGPONG: gl.constexpr):
     """kv block kb (ring index cnt): QK(kb) and PV(kb-1) issued in this warpgroup's turn.
 
     The PV dot issued here is waited for at the top of the next step, after this step's
@@ -99,7 +101,8 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     slot = cnt % STAGES
     # P of block kb-1 into the buffer PV(kb-2) does not read.
     p_buf = p_smem.index(cnt % 2)
-    p_buf.store(_p_to_fp8(p))
+    if ABLATE_EXP != 3:  # 3: timing only, PV reads a stale P
+        p_buf.store(_p_to_fp8(p))
     acc = warpgroup_mma_wait(0, deps=[acc_tok])  # PV(kb-2)
     if TWO_LEVEL:
         # PV(kb-2) came from a fresh accumulator: fold it into the fp32 sum (frame kb-2).
@@ -109,7 +112,7 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     # Every warp of this warpgroup is past PV(kb-2): block kb-2's slot is free.
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    n_turns = _issue_turn(turn, wg, n_turns)
+    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
     s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
     if TWO_LEVEL:
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
@@ -118,7 +121,7 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
         acc = acc * gl.expand_dims(step, 1)
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)), acc,
                                 is_async=True)
-    _pass_turn(turn, wg)
+    _pass_turn(turn, wg, PINGPONG)
     c = q_scale * gl.load(ks_base + kb)
     s_i = warpgroup_mma_wait(1, deps=[s_tok])
     p, m_i, l_i, alpha = _softmax_block(
@@ -137,7 +140,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
-              ABLATE_EXP: gl.constexpr):
+              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -163,7 +166,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     cnt = 0
     it = 0
     n_turns = 0
-    if wg == 0:
+    if PINGPONG and wg == 0:
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     for w in range(w_begin, w_end):
         (b, h, qt, kv_lo, kv_hi, slot_out, hk, q_len, k_len, q_src, q_pad, _k_pad,
@@ -182,9 +185,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         # Block kv_lo: QK alone.
         slot = cnt % STAGES
         mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-        n_turns = _issue_turn(turn, wg, n_turns)
+        n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
         s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
-        _pass_turn(turn, wg)
+        _pass_turn(turn, wg, PINGPONG)
         s_i = warpgroup_mma_wait(0, deps=[s_tok])
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
@@ -204,14 +207,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                 kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
                 q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
                 s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
             cnt += 1
         for kb in range(hi_main, kv_hi):
             p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
                 kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
                 q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
                 s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
             cnt += 1
 
         # PV of the last block, then release its slot and the item's Q.
@@ -224,7 +227,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         fence_async_shared()
         _cta_barrier()
         mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
-        n_turns = _issue_turn(turn, wg, n_turns)
+        n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
         if TWO_LEVEL:
             acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
                                     use_acc=False, is_async=True)
@@ -232,7 +235,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
             acc = acc * gl.expand_dims(step, 1)
             acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), acc,
                                     is_async=True)
-        _pass_turn(turn, wg)
+        _pass_turn(turn, wg, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         if TWO_LEVEL:
             acc = acc_m * gl.expand_dims(step, 1) + acc
@@ -261,6 +264,7 @@ def attention_fwd_sm90_ws_kernel(
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = True,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -286,13 +290,13 @@ def attention_fwd_sm90_ws_kernel(
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
