@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Nsight Compute on the attention kernel: where the warps stall, which pipes are busy.
+# Usage (on the H200, PYTHONPATH set): bash benchmarks/gpu_ncu.sh OUTDIR "name:args" ...
+#   e.g. bash benchmarks/gpu_ncu.sh $OUT "ws:--kernel gluon-ws" "triton:--kernel triton"
+set -uo pipefail
+out=${1:?outdir}; shift
+for spec in "$@"; do
+  name=${spec%%:*}; args=${spec#*:}
+  # shellcheck disable=SC2086
+  ncu --clock-control none -k regex:attention_fwd -s 1 -c 1 --set full \
+      --import-source no -o "$out/$name" -f \
+      python3 benchmarks/ncu_driver.py $args > "$out/$name.log" 2>&1
+  ncu -i "$out/$name.ncu-rep" --page details > "$out/$name.details.txt" 2>&1
+  ncu -i "$out/$name.ncu-rep" --page raw --csv > "$out/$name.raw.csv" 2>&1
+  ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass \
+      > "$out/$name.sass.csv" 2>&1
+  grep -E "Duration|Throughput|Stall|Issue|Warp Cycles|Eligible|Active Warps|Pipe" \
+      "$out/$name.details.txt" | head -60
+  rm -f "$out/$name.ncu-rep"  # the text pages above are what comes back
+done
