@@ -185,6 +185,21 @@ GLUON_CONFIGS = {
     "ws-d128-3s-nopingpong-nosoftmax": ("wan2.2-a14b-720p", 128,
                                         {"sm90_stages": 3, "sm90_pingpong": False,
                                          "sm90_ablate_exp": 2}, "gluon-ws"),
+    "ws-d128-early": ("wan2.2-a14b-720p", 128, {"sm90_early_qk": True, "sm90_pingpong": False},
+                      "gluon-ws"),
+    "ws-d128-early-noexp": ("wan2.2-a14b-720p", 128,
+                            {"sm90_early_qk": True, "sm90_pingpong": False,
+                             "sm90_ablate_exp": 1}, "gluon-ws"),
+    "ws-d128-early-nosoftmax": ("wan2.2-a14b-720p", 128,
+                                {"sm90_early_qk": True, "sm90_pingpong": False,
+                                 "sm90_ablate_exp": 2}, "gluon-ws"),
+    "ws-480-early": ("wan-480p", 128, {"sm90_early_qk": True, "sm90_pingpong": False},
+                     "gluon-ws"),
+    "ws-480-nopingpong": ("wan-480p", 128, {"sm90_pingpong": False}, "gluon-ws"),
+    "ws-hunyuan-early": ("hunyuanvideo-720p", 128,
+                         {"sm90_early_qk": True, "sm90_pingpong": False}, "gluon-ws"),
+    "ws-d64-early": ("cogvideox-5b", 64, {"sm90_early_qk": True, "sm90_pingpong": False},
+                     "gluon-ws"),
     "d128-3s-2p": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3}),
     "d128-2s-3p-r168": ("wan2.2-a14b-720p", 128,
                         {"sm90_stages": 2, "programs_per_sm": 3, "maxnreg": 168}),
@@ -242,10 +257,19 @@ def main() -> int:
     ap.add_argument("--presets", default="")
     ap.add_argument("--configs", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--over", default="",
+                    help="warp-specialized kernel settings for check/drift/speed, e.g. "
+                         "sm90_early_qk=1,sm90_pingpong=0")
     a = ap.parse_args()
+    over = {k: bool(int(v)) if v in ("0", "1") else int(v)
+            for k, v in (kv.split("=") for kv in a.over.split(",") if kv)}
     record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
            triton=triton.__version__, date=datetime.datetime.now().isoformat(timespec="seconds"))
     for part in a.parts.split(","):
+        launch.TILE_OVERRIDES.clear()
+        if part != "stages" and over:
+            launch.TILE_OVERRIDES.update({64: dict(over), 128: dict(over)})
+            record(part=part, overrides=over)
         try:
             if part == "speed":
                 part_speed([p for p in a.presets.split(",") if p] or None)
