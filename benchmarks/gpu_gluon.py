@@ -185,21 +185,14 @@ GLUON_CONFIGS = {
     "ws-d128-3s-nopingpong-nosoftmax": ("wan2.2-a14b-720p", 128,
                                         {"sm90_stages": 3, "sm90_pingpong": False,
                                          "sm90_ablate_exp": 2}, "gluon-ws"),
-    "ws-d128-early": ("wan2.2-a14b-720p", 128, {"sm90_early_qk": True, "sm90_pingpong": False},
-                      "gluon-ws"),
-    "ws-d128-early-noexp": ("wan2.2-a14b-720p", 128,
-                            {"sm90_early_qk": True, "sm90_pingpong": False,
-                             "sm90_ablate_exp": 1}, "gluon-ws"),
-    "ws-d128-early-nosoftmax": ("wan2.2-a14b-720p", 128,
-                                {"sm90_early_qk": True, "sm90_pingpong": False,
-                                 "sm90_ablate_exp": 2}, "gluon-ws"),
-    "ws-480-early": ("wan-480p", 128, {"sm90_early_qk": True, "sm90_pingpong": False},
-                     "gluon-ws"),
     "ws-480-nopingpong": ("wan-480p", 128, {"sm90_pingpong": False}, "gluon-ws"),
-    "ws-hunyuan-early": ("hunyuanvideo-720p", 128,
-                         {"sm90_early_qk": True, "sm90_pingpong": False}, "gluon-ws"),
-    "ws-d64-early": ("cogvideox-5b", 64, {"sm90_early_qk": True, "sm90_pingpong": False},
-                     "gluon-ws"),
+    # the default Triton kernel at D=64: a fourth program per SM (registers capped at 128)
+    "tri-d64-default": ("cogvideox-5b", 64, {}, "triton"),
+    "tri-d64-4p-r128-2s": ("cogvideox-5b", 64,
+                           {"programs_per_sm": 4, "maxnreg": 128, "num_stages": 2}, "triton"),
+    "tri-d64-4p-r128-3s": ("cogvideox-5b", 64,
+                           {"programs_per_sm": 4, "maxnreg": 128, "num_stages": 3}, "triton"),
+    "tri-d64-3p-r168-3s": ("cogvideox-5b", 64, {"num_stages": 3}, "triton"),
     "d128-3s-2p": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3}),
     "d128-2s-3p-r168": ("wan2.2-a14b-720p", 128,
                         {"sm90_stages": 2, "programs_per_sm": 3, "maxnreg": 168}),
@@ -259,7 +252,7 @@ def main() -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--over", default="",
                     help="warp-specialized kernel settings for check/drift/speed, e.g. "
-                         "sm90_early_qk=1,sm90_pingpong=0")
+                         "sm90_pingpong=0,sm90_stages=4")
     a = ap.parse_args()
     over = {k: bool(int(v)) if v in ("0", "1") else int(v)
             for k, v in (kv.split("=") for kv in a.over.split(",") if kv)}

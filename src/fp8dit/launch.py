@@ -309,7 +309,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # and no P store
             ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
             PINGPONG=cfg.get("sm90_pingpong", True),
-            EARLY_QK=cfg.get("sm90_early_qk", False),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

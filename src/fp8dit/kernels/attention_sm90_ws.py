@@ -133,49 +133,6 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
 
 
 @gluon.jit
-def _consumer_step_early_qk(kb, kv_lo, cnt, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                            ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, k_len,
-                            rows, s_init, zero_o, MASKED: gl.constexpr,
-                            ABLATE_EXP: gl.constexpr, BLOCK_M: gl.constexpr,
-                            BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                            STAGES: gl.constexpr, s_layout: gl.constexpr,
-                            p_layout: gl.constexpr, row_o: gl.constexpr):
-    """kv block kb (ring index cnt), FlashAttention-3's in-warpgroup order: QK(kb) is issued
-    first and runs under PV(kb-2)'s fold, the fence and the warpgroup barrier; PV(kb-1) follows
-    and runs under softmax(kb), whose P goes to shared memory at the end of the step.
-
-    Enters with P(kb-1) in ``p_smem[(cnt-1) % 2]`` and PV(kb-2) in flight (``acc_tok``).
-    """
-    slot = cnt % STAGES
-    # PV(kb-2) ran under softmax(kb-1): waiting for it here costs little, and a wait after the
-    # QK issue (wait_group 1) made ptxas serialize every wgmma (C7514: it could not prove the
-    # fold's accumulator complete).
-    acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
-    acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc  # fold PV(kb-2) (frame kb-2)
-    fence_async_shared()
-    # Every warp stored P(kb-1) and is past PV(kb-2): the PV dot may read P, slot kb-2 is free.
-    _cta_barrier()
-    mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
-    acc_tok = warpgroup_mma(p_smem.index((cnt - 1) % 2),
-                            v_bufs.index((cnt - 1) % STAGES).permute((1, 0)), zero_o,
-                            use_acc=False, is_async=True)
-    c = q_scale * gl.load(ks_base + kb)
-    s_i = warpgroup_mma_wait(1, deps=[s_tok])
-    p, m_i, l_i, alpha = _softmax_block(
-        s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
-        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP)
-    # P(kb) over P(kb-2), whose PV dot this warp waited for above (a warp's rows of P are
-    # read only by its own share of the dot).
-    if ABLATE_EXP != 3:
-        p_smem.index(cnt % 2).store(_p_to_fp8(p))
-    step_prev = step
-    step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
-    return m_i, l_i, acc_tok, acc_m, step, step_prev
-
-
-@gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
               turn, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
               seq_ptr, work_ptr, work_indptr_ptr,
@@ -183,7 +140,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
-              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, EARLY_QK: gl.constexpr):
+              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -238,8 +195,6 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p, m_i, l_i, alpha = _softmax_block(
             s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
             BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
-        if EARLY_QK:
-            p_smem.index(cnt % 2).store(_p_to_fp8(p))
         acc_tok = warpgroup_mma_init(zero_o)
         acc_m = zero_o  # the fp32 sum (TWO_LEVEL)
         step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
@@ -247,44 +202,25 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         cnt += 1
 
         hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
-        if EARLY_QK:
-            for kb in range(kv_lo + 1, hi_main):
-                m_i, l_i, acc_tok, acc_m, step, step_prev = _consumer_step_early_qk(
-                    kb, kv_lo, cnt, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                    ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, k_len, rows,
-                    s_init, zero_o, False, ABLATE_EXP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES,
-                    s_layout, p_layout, row_o)
-                cnt += 1
-            for kb in range(hi_main, kv_hi):
-                m_i, l_i, acc_tok, acc_m, step, step_prev = _consumer_step_early_qk(
-                    kb, kv_lo, cnt, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                    ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, k_len, rows,
-                    s_init, zero_o, True, ABLATE_EXP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES,
-                    s_layout, p_layout, row_o)
-                cnt += 1
-        else:
-            for kb in range(kv_lo + 1, hi_main):
-                p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
-                    kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                    ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns,
-                    k_len, rows, s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
-                    BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
-                cnt += 1
-            for kb in range(hi_main, kv_hi):
-                p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
-                    kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                    ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns,
-                    k_len, rows, s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
-                    BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
-                cnt += 1
+        for kb in range(kv_lo + 1, hi_main):
+            p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+                s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
+            cnt += 1
+        for kb in range(hi_main, kv_hi):
+            p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+                s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
+            cnt += 1
 
         # PV of the last block, then release its slot and the item's Q.
         last = (cnt - 1) % STAGES
-        if EARLY_QK:
-            p_buf = p_smem.index((cnt - 1) % 2)  # stored by the last step
-        else:
-            p_buf = p_smem.index(cnt % 2)
-            p_buf.store(_p_to_fp8(p))
+        p_buf = p_smem.index(cnt % 2)
+        p_buf.store(_p_to_fp8(p))
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
         if TWO_LEVEL:
             acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
@@ -328,12 +264,10 @@ def attention_fwd_sm90_ws_kernel(
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = True, EARLY_QK: gl.constexpr = False,
+    PINGPONG: gl.constexpr = True,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
-    gl.static_assert(TWO_LEVEL or not EARLY_QK, "the early-QK step folds PV per block")
-    gl.static_assert(not (PINGPONG and EARLY_QK), "the early-QK step issues without turns")
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, DP], desc_q.layout)
     k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES, BLOCK_N, DP], desc_k.layout)
     v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES, DP, BLOCK_N], desc_v.layout)
@@ -356,15 +290,13 @@ def attention_fwd_sm90_ws_kernel(
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     EARLY_QK)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     EARLY_QK)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
