@@ -309,6 +309,9 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # and no P store
             ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
             PINGPONG=cfg.get("sm90_pingpong", True),
+            # benchmarks only (wrong results), bits: 1 = no magic preset of the QK accumulator,
+            # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
+            ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

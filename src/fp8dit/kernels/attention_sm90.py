@@ -88,12 +88,12 @@ def _row_sum(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.con
 def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   ABLATE_EXP: gl.constexpr = 0):
+                   ABLATE_EXP: gl.constexpr = 0, ABLATE_MISC: gl.constexpr = 0):
     """Scores of kv block ``kb`` -> (fp32 P in the PV dot's A layout, m, l, alpha).
 
     ``ABLATE_EXP`` (benchmarks only, wrong results): 1 replaces P's exp2 by an FFMA (the
     kernel without its MUFU work); 2 (and 3) skip the softmax (P = S: only the dots and the
-    pipeline).
+    pipeline). ``ABLATE_MISC & 4``: no row sum (l stays as it was).
 
     ``s_i`` holds the int32 dot plus I2F_MAGIC_BITS, i.e. the float MAGIC + s exactly.
     """
@@ -118,7 +118,8 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
         p = x * 0.015625 + 1.0
     else:
         p = gl.exp2(x)
-    l_i = l_i * alpha + _row_sum(p, BLOCK_M, BLOCK_N, row_layout)
+    if (ABLATE_MISC & 4) == 0:
+        l_i = l_i * alpha + _row_sum(p, BLOCK_M, BLOCK_N, row_layout)
     # Accumulator column 16a + 8h + 2c + e sits in the register the A operand reads as
     # k = 16a + 4c + 2h + e; V^T was stored in that order (kv_perm16), so this is a relabeling.
     p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])

@@ -91,7 +91,7 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
                    TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   row_o: gl.constexpr, PINGPONG: gl.constexpr):
+                   row_o: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
     """kv block kb (ring index cnt): QK(kb) and PV(kb-1) issued in this warpgroup's turn.
 
     The PV dot issued here is waited for at the top of the next step, after this step's
@@ -113,12 +113,17 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
     n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
+    if (ABLATE_MISC & 1) != 0:  # timing only: no magic preset of S (wrong scores)
+        s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, use_acc=False,
+                              is_async=True)
+    else:
+        s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
     if TWO_LEVEL:
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
                                 zero_o, use_acc=False, is_async=True)
     else:
-        acc = acc * gl.expand_dims(step, 1)
+        if (ABLATE_MISC & 2) == 0:  # 2, timing only: no per-block rescale of O
+            acc = acc * gl.expand_dims(step, 1)
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)), acc,
                                 is_async=True)
     _pass_turn(turn, wg, PINGPONG)
@@ -126,7 +131,7 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     s_i = warpgroup_mma_wait(1, deps=[s_tok])
     p, m_i, l_i, alpha = _softmax_block(
         s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
-        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP)
+        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP, ABLATE_MISC)
     step_prev = step
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
     return p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns
@@ -140,7 +145,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
-              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr):
+              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -207,14 +212,16 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                 kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
                 q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
                 s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
+                ABLATE_MISC)
             cnt += 1
         for kb in range(hi_main, kv_hi):
             p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
                 kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
                 q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
                 s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG)
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
+                ABLATE_MISC)
             cnt += 1
 
         # PV of the last block, then release its slot and the item's Q.
@@ -264,7 +271,7 @@ def attention_fwd_sm90_ws_kernel(
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = True,
+    PINGPONG: gl.constexpr = True, ABLATE_MISC: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -290,13 +297,15 @@ def attention_fwd_sm90_ws_kernel(
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
+                     ABLATE_MISC)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
+                     ABLATE_MISC)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
