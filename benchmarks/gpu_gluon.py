@@ -180,6 +180,8 @@ GLUON_CONFIGS = {
                              "gluon-ws"),
     "ws-d128-3s-nosoftmax-nopstore": ("wan2.2-a14b-720p", 128,
                                       {"sm90_stages": 3, "sm90_ablate_exp": 3}, "gluon-ws"),
+    "ws-d128-3s-pingpong": ("wan2.2-a14b-720p", 128, {"sm90_stages": 3, "sm90_pingpong": True},
+                            "gluon-ws"),
     "ws-d128-3s-nopingpong": ("wan2.2-a14b-720p", 128,
                               {"sm90_stages": 3, "sm90_pingpong": False}, "gluon-ws"),
     "ws-d128-3s-nopingpong-nosoftmax": ("wan2.2-a14b-720p", 128,

@@ -308,7 +308,7 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax, 3 = no softmax
             # and no P store
             ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
-            PINGPONG=cfg.get("sm90_pingpong", True),
+            PINGPONG=cfg.get("sm90_pingpong", False),
             # benchmarks only (wrong results), bits: 1 = no magic preset of the QK accumulator,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),

@@ -96,7 +96,7 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
     )
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
     if ws:
-        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=0, PINGPONG=True,
+        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=0, PINGPONG=False,
                      ABLATE_MISC=0)
     names = list(inspect.signature(kernel.fn).parameters)
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")

@@ -3,10 +3,12 @@
 FlashAttention-3's structure on the plan of :mod:`fp8dit.kernels.attention`, with 128-row
 query tiles: warpgroup 0 takes rows 0-63 of a work item, warpgroup 1 rows 64-127, and both read
 the same K/V tiles, loaded once by a producer warp into a ring of ``STAGES`` slots (the 64-row
-kernels load every K/V tile once per 64 query rows). The two warpgroups take turns issuing
-their dots (``turn`` barriers), so the tensor cores run one warpgroup's QK/PV while the other
-computes its softmax; inside a warpgroup the softmax of block j also runs under the PV dot of
-block j-1 (see :mod:`fp8dit.kernels.attention_sm90` for that loop, reused here).
+kernels load every K/V tile once per 64 query rows). With ``PINGPONG`` the two warpgroups take
+turns issuing their dots (``turn`` barriers, FlashAttention-3's ping-pong); measured on the
+H200 the free-running warpgroups are 3% faster (751-758 against 728-736 TFLOPS at Wan 720p,
+benchmarks/NOTES.md session 4), so it is off by default. Inside a warpgroup the softmax of
+block j runs under the PV dot of block j-1 (see :mod:`fp8dit.kernels.attention_sm90` for that
+loop, reused here).
 
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count)
@@ -271,7 +273,7 @@ def attention_fwd_sm90_ws_kernel(
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = True, ABLATE_MISC: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
