@@ -43,14 +43,54 @@ def test_kv_perm16_stores_v_in_the_p_register_order():
                            getattr(plain, name).view(torch.uint8)), name
 
 
-def test_gluon_kernel_is_opt_in(monkeypatch):
+def test_kernel_choice_is_auto_by_default_and_named_kernels_are_checked(monkeypatch):
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
-    assert env.attention_kernel() == "triton"
+    assert env.attention_kernel() == "auto"
     monkeypatch.setenv("FP8DIT_KERNEL", "gluon")
     assert env.attention_kernel() == "gluon"
     monkeypatch.setenv("FP8DIT_KERNEL", "cutlass")
-    with pytest.raises(ValueError, match="FP8DIT_KERNEL: expected one of triton, gluon"):
+    with pytest.raises(ValueError, match="FP8DIT_KERNEL: expected one of auto, triton, gluon"):
         env.attention_kernel()
+
+
+def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(monkeypatch):
+    """``kernel_for`` on a (pretended) sm_90 GPU: long dense non-causal D=128 calls with the
+    int8-QK/fp8-PV recipes go to the Gluon kernel, everything else to the Triton one."""
+    monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
+    gpu = torch.device("cuda", 0)
+    default = get_recipe(DEFAULT_RECIPE)
+    n = launch.WS_MIN_KV_TOKENS
+
+    def choice(dp=128, k_len=75600, causal=False, recipe=default, device=gpu):
+        return launch.kernel_for(dp, k_len, causal, recipe, device)
+
+    assert choice() == "gluon-ws"  # Wan 720p
+    assert choice(k_len=n) == "gluon-ws"
+    assert choice(k_len=n - 1) == "triton"  # Wan 480p measured slower on the Gluon kernel
+    assert choice(dp=64) == "triton"  # CogVideoX
+    assert choice(causal=True) == "triton"  # not measured
+    assert choice(recipe=get_recipe("int8qk-bf16pv")) == "triton"  # not supported
+    assert choice(device=torch.device("cpu")) == "triton"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert choice() == "triton"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    cap["value"] = (10, 0)
+    assert choice() == "triton"
+    cap["value"] = (9, 0)
+    for name in ("triton", "gluon", "gluon-ws"):  # a named kernel is taken as asked
+        monkeypatch.setenv("FP8DIT_KERNEL", name)
+        assert choice(dp=64, k_len=100) == name
+    # The tiles follow the choice: 128-row work items for the Gluon kernel.
+    monkeypatch.delenv("FP8DIT_KERNEL")
+    monkeypatch.setattr(launch, "_sm_count", lambda index: 132)
+    assert launch.tile_config(128, gpu, "gluon-ws")["block_m"] == 128
+    assert launch.tile_config(128, gpu, "triton")["block_m"] == 64
+
+
+def test_gluon_kernels_never_run_off_an_sm90_gpu(monkeypatch):
     # Asked for, they still never run off an sm_90 GPU (here: CPU tensors), and the plan keeps
     # the Triton kernel's tiles.
     for name in ("gluon", "gluon-ws"):

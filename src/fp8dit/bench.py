@@ -209,7 +209,7 @@ class Case:
             rec, scale = get_recipe(self.recipe), 1.0 / math.sqrt(D)
             plan, cfg = launch.plan_for(
                 [S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H, head_dim=D,
-                is_causal=False, device=self.device,
+                is_causal=False, device=self.device, recipe=rec,
             )
             sm90 = launch.use_gluon_sm90(plan, rec, self.device)
             staged = []

@@ -54,11 +54,13 @@ def plan_cache_size() -> int:
     return size
 
 
-KERNELS = ("triton", "gluon", "gluon-ws")
+KERNELS = ("auto", "triton", "gluon", "gluon-ws")
 
 
 def attention_kernel() -> str:
-    value = os.environ.get("FP8DIT_KERNEL", "triton").strip().lower() or "triton"
+    """``FP8DIT_KERNEL``: ``auto`` (default: the kernel measured fastest for the call's shape,
+    see ``launch.kernel_for``) or one kernel for every call."""
+    value = os.environ.get("FP8DIT_KERNEL", "auto").strip().lower() or "auto"
     if value not in KERNELS:
         raise ValueError(f"FP8DIT_KERNEL: expected one of {', '.join(KERNELS)}, got {value!r}")
     return value

@@ -29,7 +29,7 @@ from .kernels.quantize import (
 )
 from .kernels.reduce import merge_partials_kernel
 from .plan import Plan, PlanKey, get_plan, padded_head_dim
-from .recipes import Recipe
+from .recipes import Recipe, get_recipe
 
 LOG2E = 1.4426950408889634
 FP8 = torch.float8_e4m3fn
@@ -61,15 +61,46 @@ def _sm_count(device_index: int) -> int:
 TILE_OVERRIDES: dict[int, dict] = {}
 
 
-def tile_config(head_dim_padded: int, device: torch.device) -> dict:
-    """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here)."""
+# With FP8DIT_KERNEL=auto, the warp-specialized Gluon kernel runs dense non-causal calls at
+# padded head dim 128 whose key sequences reach this length. Measured on the H200 (session 4,
+# benchmarks/NOTES.md), against the Triton kernel in the same process: Wan 720p (75,600 keys)
+# 756-760 vs 730 TFLOPS, HunyuanVideo 720p (119,880) 765 vs 736, but Wan 480p (32,760) 715 vs
+# 727 and CogVideoX (D=64) 423 vs 460.
+WS_MIN_KV_TOKENS = 65536
+
+
+def kernel_for(head_dim_padded: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
+               device: torch.device) -> str:
+    """The attention kernel a call runs: ``FP8DIT_KERNEL`` when it names one, else (``auto``)
+    the warp-specialized Gluon kernel where it measured faster, the Triton kernel elsewhere.
+
+    A named Gluon kernel may still fall back to the Triton one at launch (``use_gluon_sm90``).
+    """
+    kernel = env.attention_kernel()
+    if kernel != "auto":
+        return kernel
+    recipe = recipe if recipe is not None else get_recipe(None)
+    if (head_dim_padded == 128 and max_k_len >= WS_MIN_KV_TOKENS and not is_causal
+            and recipe.qk == "int8" and recipe.pv == "fp8" and _gluon_ws_possible(device)
+            and _gluon_sm90_module("attention_sm90_ws") is not None):
+        return "gluon-ws"
+    return "triton"
+
+
+def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None) -> dict:
+    """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here).
+
+    ``kernel``: what ``kernel_for`` chose; None reads ``FP8DIT_KERNEL`` (``auto`` gives the
+    Triton kernel's tiles when the call's shape is not known)."""
     # Measured on an H200 (benchmarks/NOTES.md, 2026-12-02): 64-row query tiles, 4 warps and two
     # programs per SM beat 128-row tiles with 8 warps by 1.2-1.3x at Wan 720p (741 vs 583
     # TFLOPS). D=64 (CogVideoX): three programs per SM, registers capped at 168 and two stages
     # (shared memory), 460 against 438 TFLOPS; at D=128 the same is a tie (738 vs 741).
     # D=256: 64x64 tiles with 4 warps, 412 TFLOPS against 299-405 for 8 warps or 128-wide tiles
     # (still 0.62x cuDNN, so auto prefers SDPA at D=256).
-    if head_dim_padded in (64, 128) and _wants_gluon_ws(device):
+    if kernel is None:
+        kernel = env.attention_kernel()
+    if head_dim_padded in (64, 128) and kernel == "gluon-ws" and _gluon_ws_possible(device):
         # the warp-specialized kernel: 128-row work items, one program (3 partitions) per SM
         cfg = dict(block_m=128, block_n=128, num_warps=4, num_stages=2, programs_per_sm=1)
     elif head_dim_padded >= 256:
@@ -88,18 +119,21 @@ def tile_config(head_dim_padded: int, device: torch.device) -> dict:
     return cfg
 
 
-def _wants_gluon_ws(device: torch.device) -> bool:
+def _gluon_ws_possible(device: torch.device) -> bool:
     return (device.type == "cuda" and not env.triton_interpret()
-            and env.attention_kernel() == "gluon-ws"
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
 def plan_for(
     q_lens, k_lens, *, varlen: bool, num_heads: int, num_kv_heads: int, head_dim: int,
     is_causal: bool, device: torch.device, num_splits: int | None = None,
-    num_programs: int | None = None,
+    num_programs: int | None = None, recipe: Recipe | None = None,
 ) -> tuple[Plan, dict]:
-    cfg = tile_config(padded_head_dim(head_dim), device)
+    """The cached plan of a call and its launch config. ``recipe``: the call's (None: the
+    default), which decides with the shape which kernel runs (``kernel_for``)."""
+    dp = padded_head_dim(head_dim)
+    kernel = kernel_for(dp, max((int(x) for x in k_lens), default=0), is_causal, recipe, device)
+    cfg = tile_config(dp, device, kernel)
     key = PlanKey(
         q_lens=tuple(int(x) for x in q_lens),
         k_lens=tuple(int(x) for x in k_lens),
@@ -158,19 +192,21 @@ def _gluon_sm90_module(name: str = "attention_sm90"):
 
 
 def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> str | None:
-    """Whether this call runs the Gluon Hopper kernel (``kernels.attention_sm90``).
+    """Which Gluon Hopper kernel this call runs ("gluon-ws", "gluon"), or None (Triton).
 
-    Opt-in (``FP8DIT_KERNEL=gluon``): measured on the H200 it is no faster than the Triton
-    kernel and its PV sum drifts at 200k tokens (benchmarks/NOTES.md, session 3). Only on an
-    sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was
+    ``kernel_for`` decides: the warp-specialized one by default for long dense D=128 calls;
+    the one-warpgroup one (``FP8DIT_KERNEL=gluon``) only when asked for (no faster than the
+    Triton kernel, and its PV sum drifts at 200k tokens: benchmarks/NOTES.md, session 3). Only
+    on an sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was
     written for; everything else, the CPU interpreter included, runs the Triton kernel.
     """
-    kernel = env.attention_kernel()
+    key = plan.key
+    kernel = kernel_for(plan.head_dim_padded, max(key.k_lens, default=0), key.is_causal, recipe,
+                        device)
     if device.type != "cuda" or env.triton_interpret() or kernel == "triton":
         return None
     if recipe.qk != "int8" or recipe.pv != "fp8":
         return None
-    key = plan.key
     block_m = 128 if kernel == "gluon-ws" else 64
     if plan.head_dim_padded not in (64, 128) or key.block_m != block_m or key.block_n != 128:
         return None
@@ -409,7 +445,7 @@ def fp8_attention_fwd(
         return out.zero_(), lse.fill_(-math.inf)
     plan, cfg = plan_for(
         [Sq] * B, [Sk] * B, varlen=False, num_heads=H, num_kv_heads=Hkv, head_dim=D,
-        is_causal=is_causal, device=q.device, num_splits=num_splits,
+        is_causal=is_causal, device=q.device, num_splits=num_splits, recipe=recipe,
     )
     launch_fp8_attention(
         plan, cfg, recipe, scale,
@@ -432,7 +468,7 @@ def fp8_attention_varlen_fwd(
         return out, lse
     plan, cfg = plan_for(
         q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv, head_dim=D,
-        is_causal=is_causal, device=q.device, num_splits=num_splits,
+        is_causal=is_causal, device=q.device, num_splits=num_splits, recipe=recipe,
     )
     if plan.needs_zero_fill:
         out.zero_()
