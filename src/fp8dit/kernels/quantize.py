@@ -253,12 +253,14 @@ def quantize_kv_kernel(
             vc = tl.where(m, (v - v_mean[None, :]) * inv[None, :], 0.0)
             v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
         if KV_PERM16:
-            vcol = (loc & ~15) | ((loc & 6) << 1) | ((loc >> 2) & 2) | (loc & 1)
-        else:
-            vcol = loc
+            # Permuted in registers, so the store stays contiguous along tokens: a scattered
+            # column index made it byte-wise and took the Wan 720p quantization from 2.5 to
+            # 7.4 ms on the H200 (session 4).
+            v8t = tl.reshape(v8t, [DP, BLOCK_N // 16, 2, 4, 2])
+            v8t = tl.reshape(tl.permute(v8t, [0, 1, 3, 2, 4]), [DP, BLOCK_N])
         tl.store(
             v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
-            + offs_d[:, None] * Tk_pad + vcol[None, :],
+            + offs_d[:, None] * Tk_pad + loc[None, :],
             v8t,
         )
 
