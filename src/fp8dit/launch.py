@@ -63,10 +63,11 @@ TILE_OVERRIDES: dict[int, dict] = {}
 
 # With FP8DIT_KERNEL=auto, the warp-specialized Gluon kernel runs dense non-causal calls at
 # padded head dim 128 whose key sequences reach this length. Measured on the H200 (session 4,
-# benchmarks/NOTES.md), against the Triton kernel in the same process: Wan 720p (75,600 keys)
-# 756-760 vs 730 TFLOPS, HunyuanVideo 720p (119,880) 765 vs 736, but Wan 480p (32,760) 715 vs
-# 727 and CogVideoX (D=64) 423 vs 460.
-WS_MIN_KV_TOKENS = 65536
+# benchmarks/NOTES.md), end to end against the Triton kernel in the same process: Wan 720p
+# (75,600 keys) 787 vs 730 TFLOPS, HunyuanVideo 720p (119,880) 783 vs 736, Wan 480p (32,760)
+# 765 vs 735; Flux (4,608) 0.72 vs 0.52 ms, slower; between 4,608 and 32,760 not measured.
+# CogVideoX (D=64): a tie (457 vs 458), so D=64 keeps the Triton kernel.
+WS_MIN_KV_TOKENS = 32000
 
 
 def kernel_for(head_dim_padded: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
