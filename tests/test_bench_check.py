@@ -138,6 +138,7 @@ def test_bench_smoke_prints_a_table(capsys):
     for name in ("sdpa-cudnn", "sdpa-flash", "sageattn"):
         assert "unavailable" in rows[name][-1] and "CUDA" in rows[name][-1]
     assert "of e2e" in rows["fp8dit"][-1]
+    assert "triton kernel" in rows["fp8dit"][-1]  # the interpreter runs the Triton kernel
 
 
 @needs_interpreter

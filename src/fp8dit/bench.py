@@ -354,6 +354,7 @@ class Row:
     family: str = "normal"
     n_sets: int = 0
     recipe: str | None = None
+    kernel: str | None = None  # the attention kernel an fp8dit row ran (launch.kernel_for)
     interpreter: bool = False
     bad: bool = False  # failed, NaN or cos vs ref below MIN_COS
 
@@ -450,9 +451,16 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
         except Exception as e:  # noqa: BLE001 - any failure means: try the next reference
             _log(f"[bench]   reference {name} failed: {_first_line(e)}")
             ref = None
+    from . import launch
+    from .plan import padded_head_dim
+    from .recipes import get_recipe
+
+    kernel = launch.kernel_for(padded_head_dim(shape.D), shape.S, False, get_recipe(recipe),
+                               device)
     rows = []
     for name in backends:
-        row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None, **common)
+        row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None,
+                  kernel=kernel if name in ("fp8dit", "fp8dit-kernel") else None, **common)
         rows.append(row)
         t0 = time.perf_counter()
         try:
@@ -508,7 +516,8 @@ def _finish_rows(rows: list[Row], interp: bool) -> None:
         share = by["fp8dit-kernel"].ms / e2e.ms
         notes.append(f"kernel {100 * share:.0f}%")
         by["fp8dit-kernel"].note = f"{100 * share:.0f}% of fp8dit"
-    e2e.note = "; ".join(filter(None, [e2e.note, " ".join(notes) + " of e2e" if notes else ""]))
+    e2e.note = "; ".join(filter(None, [e2e.note, " ".join(notes) + " of e2e" if notes else "",
+                                       f"{e2e.kernel} kernel" if e2e.kernel else ""]))
 
 
 # ---------------------------------------------------------------------------------------------
