@@ -84,6 +84,7 @@ def test_tiny_wan_matches_native(tiny_wan):
     # Every call ran the FP8 kernels, the 24-key cross-attention too (no silent SDPA fallback).
     assert [c["backend"] for c in calls] == ["fp8"] * 4, calls
     assert sorted(c["k"][1] for c in calls) == [24, 24, 128, 128]
+    assert {c["kernel"] for c in calls} == {"triton"}  # what the interpreter runs
     for name, ref in ref_layers.items():
         stats = error_stats(layers[name], ref)
         assert not stats.nan and stats.cos >= 0.99, (name, str(stats))

@@ -134,7 +134,7 @@ def _always(q, k, v, is_causal=False) -> str | None:
 BACKENDS: dict[str, Backend] = {
     "fp8": Backend(
         "fp8",
-        "fp8dit persistent kernel: INT8/FP8 QK, FP8 PV (Triton)",
+        "fp8dit persistent kernel: INT8/FP8 QK, FP8 PV",
         fp8_unsupported_reason,
         auto_check=fp8_not_preferred_reason,
     ),

@@ -104,6 +104,15 @@ def _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, sca
         _check_scale(scale, query.shape[-1])
 
 
+def _kernel_for(query, key, is_causal, recipe) -> str:
+    """The attention kernel an FP8 call runs (the default picks it from the shape)."""
+    from ..launch import kernel_for
+    from ..plan import padded_head_dim
+
+    return kernel_for(padded_head_dim(query.shape[-1]), key.shape[1], is_causal, recipe,
+                      query.device)
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse):
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
@@ -124,8 +133,10 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if _records is not None:
         name, why = select_backend(query, key, value, is_causal=is_causal, layout="NHD")
+        rec = check_recipe(_recipe) if name == "fp8" else None
         _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape),
-                             recipe=check_recipe(_recipe).name if name == "fp8" else None))
+                             recipe=rec.name if rec else None,
+                             kernel=_kernel_for(query, key, is_causal, rec) if rec else None))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
                     return_lse=return_lse, recipe=_recipe)
     if return_lse:
@@ -213,8 +224,8 @@ def set_recipe(name: str | None) -> None:
 @contextlib.contextmanager
 def record_calls():
     """Collect one dict per call of the backend: ``backend`` ("fp8" or "sdpa"), ``reason``,
-    ``q`` and ``k`` shapes, ``recipe`` (FP8 calls). For inspection (``fp8dit demo``); it adds a
-    dispatch check per call.
+    ``q`` and ``k`` shapes, ``recipe`` and ``kernel`` (FP8 calls). For inspection (``fp8dit
+    demo``); it adds a dispatch check per call.
 
     Example
     -------
