@@ -96,9 +96,14 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
     )
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
     if ws:
-        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, ABLATE_EXP=0, PINGPONG=False,
-                     ABLATE_MISC=0)
-    names = list(inspect.signature(kernel.fn).parameters)
+        const.update(CONSUMER_REGS=240, TWO_LEVEL=True)
+    params = inspect.signature(kernel.fn).parameters
+    # Constexpr knobs with a default (ablations, PINGPONG) compile at that default: left out of
+    # ``const`` they would become runtime arguments, and the SASS would be another kernel's.
+    for n, p in params.items():
+        if n not in const and p.default is not inspect.Parameter.empty:
+            const[n] = p.default
+    names = list(params)
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")
                                                          else "i32") for n in names}
     src = GluonASTSource(fn=kernel, signature=sig,
