@@ -68,6 +68,17 @@ TILE_OVERRIDES: dict[int, dict] = {}
 # 765 vs 735; Flux (4,608) 0.72 vs 0.52 ms, slower; between 4,608 and 32,760 not measured.
 # CogVideoX (D=64): a tie (457 vs 458), so D=64 keeps the Triton kernel.
 WS_MIN_KV_TOKENS = 32000
+# Triton releases (major.minor) on which the warp-specialized kernel has run on a GPU and
+# matched the Triton kernel (benchmarks/gpu_gluon.py --parts check). Gluon is experimental
+# and changes between releases; on others it compiles for sm_90 in CI at best, so ``auto``
+# keeps the Triton kernel there (``FP8DIT_KERNEL=gluon-ws`` still asks for it).
+WS_VERIFIED_TRITON = ("3.6",)
+
+
+def _triton_release() -> str:
+    import triton
+
+    return ".".join(triton.__version__.split(".")[:2])
 
 
 def kernel_for(head_dim_padded: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
@@ -83,6 +94,7 @@ def kernel_for(head_dim_padded: int, max_k_len: int, is_causal: bool, recipe: Re
     recipe = recipe if recipe is not None else get_recipe(None)
     if (head_dim_padded == 128 and max_k_len >= WS_MIN_KV_TOKENS and not is_causal
             and recipe.qk == "int8" and recipe.pv == "fp8" and _gluon_ws_possible(device)
+            and _triton_release() in WS_VERIFIED_TRITON
             and _gluon_sm90_module("attention_sm90_ws") is not None):
         return "gluon-ws"
     return "triton"
