@@ -63,9 +63,10 @@ TILE_OVERRIDES: dict[int, dict] = {}
 
 # With FP8DIT_KERNEL=auto, the warp-specialized Gluon kernel runs dense non-causal calls at
 # padded head dim 128 whose key sequences reach this length. Measured on the H200 (session 4,
-# benchmarks/NOTES.md), end to end against the Triton kernel in the same process: Wan 720p
-# (75,600 keys) 787 vs 730 TFLOPS, HunyuanVideo 720p (119,880) 783 vs 736, Wan 480p (32,760)
-# 765 vs 735; Flux (4,608) 0.72 vs 0.52 ms, slower; between 4,608 and 32,760 not measured.
+# benchmarks/NOTES.md), end to end: Wan 480p (32,760 keys) 765 vs 735 TFLOPS for the Triton
+# kernel in one process; Wan 720p (75,600) 787 and HunyuanVideo 720p (119,880) 783 against
+# 730 and 736 for the Triton kernel in an earlier run of the same session; Flux (4,608) 0.72 vs
+# 0.52 ms, slower; between 4,608 and 32,760 not measured.
 # CogVideoX (D=64): a tie (457 vs 458), so D=64 keeps the Triton kernel.
 WS_MIN_KV_TOKENS = 32000
 # Triton releases (major.minor) on which the warp-specialized kernel has run on a GPU and
