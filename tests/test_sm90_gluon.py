@@ -67,13 +67,14 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     default = get_recipe(DEFAULT_RECIPE)
     n = launch.WS_MIN_KV_TOKENS
 
-    def choice(dp=128, k_len=75600, causal=False, recipe=default, device=gpu):
-        return launch.kernel_for(dp, k_len, causal, recipe, device)
+    def choice(head_dim=128, k_len=75600, causal=False, recipe=default, device=gpu):
+        return launch.kernel_for(head_dim, k_len, causal, recipe, device)
 
     assert choice() == "gluon-ws"  # Wan 720p
     assert choice(k_len=n) == "gluon-ws"
     assert choice(k_len=n - 1) == "triton"  # Flux-like lengths measured slower on it
-    assert choice(dp=64) == "triton"  # CogVideoX
+    assert choice(head_dim=64) == "triton"  # CogVideoX
+    assert choice(head_dim=72) == "gluon-ws"  # padded to 128
     assert choice(causal=True) == "triton"  # not measured
     assert choice(recipe=get_recipe("int8qk-bf16pv")) == "triton"  # not supported
     assert choice(device=torch.device("cpu")) == "triton"
@@ -88,7 +89,7 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch._triton_release(),))
     for name in ("triton", "gluon", "gluon-ws"):  # a named kernel is taken as asked
         monkeypatch.setenv("FP8DIT_KERNEL", name)
-        assert choice(dp=64, k_len=100) == name
+        assert choice(head_dim=64, k_len=100) == name
     # The tiles follow the choice: 128-row work items for the Gluon kernel.
     monkeypatch.delenv("FP8DIT_KERNEL")
     monkeypatch.setattr(launch, "_sm_count", lambda index: 132)

@@ -211,7 +211,7 @@ class Case:
                 [S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H, head_dim=D,
                 is_causal=False, device=self.device, recipe=rec,
             )
-            sm90 = launch.use_gluon_sm90(plan, rec, self.device)
+            sm90 = launch.use_gluon_sm90(plan, rec, self.device, cfg.get("kernel"))
             staged = []
             for q, k, v in self.sets:
                 out = torch.empty_like(q)
@@ -451,12 +451,10 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
         except Exception as e:  # noqa: BLE001 - any failure means: try the next reference
             _log(f"[bench]   reference {name} failed: {_first_line(e)}")
             ref = None
-    from . import launch
-    from .plan import padded_head_dim
+    from .launch import kernel_for
     from .recipes import get_recipe
 
-    kernel = launch.kernel_for(padded_head_dim(shape.D), shape.S, False, get_recipe(recipe),
-                               device)
+    kernel = kernel_for(shape.D, shape.S, False, get_recipe(recipe), device)
     rows = []
     for name in backends:
         row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None,

@@ -76,13 +76,14 @@ WS_MIN_KV_TOKENS = 32000
 WS_VERIFIED_TRITON = ("3.6",)
 
 
+@functools.cache
 def _triton_release() -> str:
     import triton
 
     return ".".join(triton.__version__.split(".")[:2])
 
 
-def kernel_for(head_dim_padded: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
+def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
                device: torch.device) -> str:
     """The attention kernel a call runs: ``FP8DIT_KERNEL`` when it names one, else (``auto``)
     the warp-specialized Gluon kernel where it measured faster, the Triton kernel elsewhere.
@@ -93,7 +94,7 @@ def kernel_for(head_dim_padded: int, max_k_len: int, is_causal: bool, recipe: Re
     if kernel != "auto":
         return kernel
     recipe = recipe if recipe is not None else get_recipe(None)
-    if (head_dim_padded == 128 and max_k_len >= WS_MIN_KV_TOKENS and not is_causal
+    if (padded_head_dim(head_dim) == 128 and max_k_len >= WS_MIN_KV_TOKENS and not is_causal
             and recipe.qk == "int8" and recipe.pv == "fp8" and _gluon_ws_possible(device)
             and _triton_release() in WS_VERIFIED_TRITON
             and _gluon_sm90_module("attention_sm90_ws") is not None):
@@ -148,6 +149,7 @@ def plan_for(
     dp = padded_head_dim(head_dim)
     kernel = kernel_for(dp, max((int(x) for x in k_lens), default=0), is_causal, recipe, device)
     cfg = tile_config(dp, device, kernel)
+    cfg["kernel"] = kernel  # what use_gluon_sm90 reads at launch
     key = PlanKey(
         q_lens=tuple(int(x) for x in q_lens),
         k_lens=tuple(int(x) for x in k_lens),
@@ -205,7 +207,8 @@ def _gluon_sm90_module(name: str = "attention_sm90"):
         return None
 
 
-def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> str | None:
+def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
+                   kernel: str | None = None) -> str | None:
     """Which Gluon Hopper kernel this call runs ("gluon-ws", "gluon"), or None (Triton).
 
     ``kernel_for`` decides: the warp-specialized one by default for long dense D=128 calls;
@@ -213,10 +216,12 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device) -> str | No
     Triton kernel, and its PV sum drifts at 200k tokens: benchmarks/NOTES.md, session 3). Only
     on an sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was
     written for; everything else, the CPU interpreter included, runs the Triton kernel.
+    ``kernel``: the choice ``plan_for`` made (its ``cfg["kernel"]``); None makes it again.
     """
     key = plan.key
-    kernel = kernel_for(plan.head_dim_padded, max(key.k_lens, default=0), key.is_causal, recipe,
-                        device)
+    if kernel is None:
+        kernel = kernel_for(plan.head_dim_padded, max(key.k_lens, default=0), key.is_causal,
+                            recipe, device)
     if device.type != "cuda" or env.triton_interpret() or kernel == "triton":
         return None
     if recipe.qk != "int8" or recipe.pv != "fp8":
@@ -425,7 +430,7 @@ def launch_fp8_attention(
     """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
     # Triton launches on the current CUDA device, not on the tensors' one.
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
-        sm90 = use_gluon_sm90(plan, recipe, q.device)
+        sm90 = use_gluon_sm90(plan, recipe, q.device, cfg.get("kernel"))
         ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
                             kv_perm16=sm90 is not None)
         attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90)

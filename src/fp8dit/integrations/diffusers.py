@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..api import _check_scale, attention, check_recipe, select_backend
+from ..launch import kernel_for
 
 BACKEND_NAME = "fp8dit"
 _MEMBER_NAME = "FP8DIT"
@@ -104,15 +105,6 @@ def _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, sca
         _check_scale(scale, query.shape[-1])
 
 
-def _kernel_for(query, key, is_causal, recipe) -> str:
-    """The attention kernel an FP8 call runs (the default picks it from the shape)."""
-    from ..launch import kernel_for
-    from ..plan import padded_head_dim
-
-    return kernel_for(padded_head_dim(query.shape[-1]), key.shape[1], is_causal, recipe,
-                      query.device)
-
-
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse):
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
@@ -136,7 +128,8 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         rec = check_recipe(_recipe) if name == "fp8" else None
         _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape),
                              recipe=rec.name if rec else None,
-                             kernel=_kernel_for(query, key, is_causal, rec) if rec else None))
+                             kernel=kernel_for(query.shape[-1], key.shape[1], is_causal, rec,
+                                               query.device) if rec else None))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
                     return_lse=return_lse, recipe=_recipe)
     if return_lse:

@@ -115,11 +115,9 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
     n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-    if (ABLATE_MISC & 1) != 0:  # timing only: no magic preset of S (wrong scores)
-        s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, use_acc=False,
-                              is_async=True)
-    else:
-        s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
+    # ABLATE_MISC & 1, timing only: no magic preset of S (wrong scores)
+    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init,
+                          use_acc=(ABLATE_MISC & 1) == 0, is_async=True)
     if TWO_LEVEL:
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
                                 zero_o, use_acc=False, is_async=True)
