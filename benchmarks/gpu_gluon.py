@@ -34,7 +34,14 @@ from fp8dit.testing import (
 )
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_variants import bench, cudnn_fn, fp8_fn, rotated, tflops  # noqa: E402
+from gpu_variants import (  # noqa: E402
+    bench,
+    cudnn_fn,
+    fp8_fn,
+    parse_overrides,
+    rotated,
+    tflops,
+)
 
 ROWS = []
 
@@ -269,10 +276,9 @@ def main() -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--over", default="",
                     help="warp-specialized kernel settings for check/drift/speed, e.g. "
-                         "sm90_pingpong=0,sm90_stages=4")
+                         "sm90_pingpong=false,sm90_stages=4")
     a = ap.parse_args()
-    over = {k: bool(int(v)) if v in ("0", "1") else int(v)
-            for k, v in (kv.split("=") for kv in a.over.split(",") if kv)}
+    over = parse_overrides(a.over)
     record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
            triton=triton.__version__, date=datetime.datetime.now().isoformat(timespec="seconds"))
     for part in a.parts.split(","):

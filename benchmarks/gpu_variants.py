@@ -71,6 +71,16 @@ def tflops(B, H, S, D, ms):
     return 4 * B * H * S * S * D / (ms * 1e-3) / 1e12
 
 
+def parse_overrides(text: str) -> dict:
+    """``"sm90_pingpong=false,sm90_stages=4"`` -> tile overrides (true/false, else integers)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        flag = value.lower()
+        out[key] = flag == "true" if flag in ("true", "false") else int(value)
+    return out
+
+
 def bench(fn, est_ms: float) -> float:
     return triton.testing.do_bench(fn, warmup=max(50.0, 3 * est_ms),
                                    rep=max(300.0, 20 * est_ms), return_mode="median")

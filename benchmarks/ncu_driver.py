@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 
 import fp8dit
 from fp8dit import launch
 from fp8dit.testing import make_qkv
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_variants import parse_overrides  # noqa: E402
 
 
 def main() -> int:
@@ -28,11 +32,7 @@ def main() -> int:
     a = ap.parse_args()
     os.environ["FP8DIT_KERNEL"] = a.kernel
     if a.over:
-        over = {}
-        for kv in a.over.split(","):
-            k, v = kv.split("=")
-            over[k] = {"True": True, "False": False}.get(v, int(v) if v.isdigit() else v)
-        launch.TILE_OVERRIDES[a.dim] = over
+        launch.TILE_OVERRIDES[a.dim] = parse_overrides(a.over)
     q, k, v = make_qkv(1, a.heads, a.seq, a.dim, device="cuda", seed=0)
     for _ in range(2):
         fp8dit.attention(q, k, v, backend="fp8")
