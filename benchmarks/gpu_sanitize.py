@@ -20,10 +20,26 @@ from fp8dit.testing import attention_ref, attention_varlen_ref, error_stats, mak
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases (racecheck is slow)")
+    ap.add_argument("--ws-control", action="store_true",
+                    help="only a Gluon kernel with nothing but warp_specialize (racecheck's "
+                         "control, benchmarks/gluon_ws_control.py)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_sanitize: no CUDA GPU here")
         return 1
+    if args.ws_control:
+        import os
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gluon_ws_control import run_control
+
+        bad = 0
+        for like in (False, True):
+            ok = run_control(like)
+            bad += not ok
+            print(f"warp_specialize control kernel (attention's partitions: {like}): "
+                  f"{'ok' if ok else 'BAD'}", flush=True)
+        return 1 if bad else 0
     cases = [(1, 64, None, False), (113, 72, 3, True), (1000, 72, 1, False), (1000, 128, 3, True)]
     if args.quick:
         cases = cases[1:3]

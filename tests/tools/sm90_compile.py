@@ -67,7 +67,7 @@ def _spills(body: list[str]) -> int:
     return sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
 
 
-def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
+def gluon_attention_report(dp: int, causal: bool, ws: bool = False, extra: dict | None = None) -> dict:
     """Compile ``kernels.attention_sm90`` (``ws``: ``attention_sm90_ws``) for sm_90 and describe
     its kv loops' SASS.
 
@@ -96,7 +96,7 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False) -> dict:
     )
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
     if ws:
-        const.update(CONSUMER_REGS=240, TWO_LEVEL=True)
+        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, **(extra or {}))
     params = inspect.signature(kernel.fn).parameters
     # Constexpr knobs with a default (ablations, PINGPONG) compile at that default: left out of
     # ``const`` they would become runtime arguments, and the SASS would be another kernel's.
