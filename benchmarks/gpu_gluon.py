@@ -209,13 +209,8 @@ GLUON_CONFIGS = {
                                 {"sm90_pingpong": False, "sm90_two_level": False,
                                  "sm90_ablate_misc": 7, "sm90_ablate_exp": 1}, "gluon-ws"),
     "ws-hunyuan-nopingpong": ("hunyuanvideo-720p", 128, {"sm90_pingpong": False}, "gluon-ws"),
-    # session 5: lazy rescaling, PV summed in the tensor core over G blocks (sm90_lazy_fold=G)
+    # session 5 (lazy rescaling, sm90_lazy_fold, commit 3169f58, reverted): the baseline row
     "ws-default": ("wan2.2-a14b-720p", 128, {}, "gluon-ws"),
-    "ws-lazy2": ("wan2.2-a14b-720p", 128, {"sm90_lazy_fold": 2}, "gluon-ws"),
-    "ws-lazy4": ("wan2.2-a14b-720p", 128, {"sm90_lazy_fold": 4}, "gluon-ws"),
-    "ws-lazy8": ("wan2.2-a14b-720p", 128, {"sm90_lazy_fold": 8}, "gluon-ws"),
-    "ws-480-lazy4": ("wan-480p", 128, {"sm90_lazy_fold": 4}, "gluon-ws"),
-    "ws-hunyuan-lazy4": ("hunyuanvideo-720p", 128, {"sm90_lazy_fold": 4}, "gluon-ws"),
     "ws-480-nopingpong": ("wan-480p", 128, {"sm90_pingpong": False}, "gluon-ws"),
     # the default Triton kernel at D=64: a fourth program per SM (registers capped at 128)
     "tri-d64-default": ("cogvideox-5b", 64, {}, "triton"),

@@ -367,8 +367,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # benchmarks only (wrong results), bits: 1 = no magic preset of the QK accumulator,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
-            # G > 0: lazy rescaling, PV summed in the tensor core over G blocks (kernel module)
-            LAZY_FOLD=cfg.get("sm90_lazy_fold", 0),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

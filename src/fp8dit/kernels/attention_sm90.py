@@ -213,25 +213,20 @@ def _load_item(work_ptr, seq_ptr, w, group):
 def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out, part_row0,
                 v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
                 lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
-                offs_m, offs_mo, offs_d, DP: gl.constexpr, row_o: gl.constexpr,
-                V_FRAME: gl.constexpr = True, L_SHIFT: gl.constexpr = P_SHIFT):
+                offs_m, offs_mo, offs_d, DP: gl.constexpr, row_o: gl.constexpr):
     """Epilogue of one tile of query rows: out of the V grid frame, V scale and mean, the LSE;
     into the output (whole kv range) or partial rows ``part_row0`` onwards (split-KV).
-    ``offs_m``/``offs_mo``: row indices in the S and O row layouts; ``offs_d``: columns.
-    ``V_FRAME``: ``acc`` is in block ``kv_hi - 1``'s V grid frame (False: the grid is already
-    in P); ``L_SHIFT``: log2 of the P scale that ``l_i`` carries."""
+    ``offs_m``/``offs_mo``: row indices in the S and O row layouts; ``offs_d``: columns."""
     vbase = (b * Hkv + hk) * DP
     v_scale = gl.load(v_scale_ptr + vbase + offs_d)
     v_mean = gl.load(v_mean_ptr + vbase + offs_d)
     empty = l_i == 0.0
-    inv_l = gl.where(empty, 0.0, 1.0 / l_i)
-    if V_FRAME:
-        inv_l = inv_l * gl.exp2(_v_grid_log2(kv_hi - 1))
+    inv_l = gl.where(empty, 0.0, 1.0 / l_i) * gl.exp2(_v_grid_log2(kv_hi - 1))
     o = acc * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1) \
         * gl.expand_dims(v_scale, 0) + gl.expand_dims(v_mean, 0)
     o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
     corr = gl.load(q_lse_corr_ptr + q_row + offs_m)
-    lse = (m_i + gl.log2(l_i) - L_SHIFT) * LN2 + corr
+    lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2 + corr
     lse = gl.where(empty, float("-inf"), lse)
     if slot_out < 0:
         tok0 = (q_src + row0).to(gl.int64)

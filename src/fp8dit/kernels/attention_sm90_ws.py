@@ -29,12 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .attention_sm90 import (
-    I2F_MAGIC,
     I2F_MAGIC_BITS,
-    P_SHIFT,
     _cta_barrier,
-    _row_max,
-    _row_sum,
     _load_item,
     _p_to_fp8,
     _softmax_block,
@@ -90,78 +86,15 @@ def _pass_turn(turn, wg: gl.constexpr, PINGPONG: gl.constexpr):
         mbarrier.arrive(turn.index(1 - wg))
 
 
-# Lazy rescaling (``LAZY_FOLD`` > 0): a row's reference max moves only when a block's max
-# exceeds it by more than LAZY_TAU (log2 units), FlashAttention-4's conditional rescale, so
-# after the first blocks the O accumulator is rarely rescaled. P then reaches up to
-# 2^(LAZY_TAU + 1) times its scale (the extra 1: the V grid, folded into P), and its scale drops
-# from 2^P_SHIFT to 2^LAZY_P_SHIFT to stay at or below 256 < 448 (e4m3's max).
-LAZY_TAU = gl.constexpr(2.0)
-LAZY_P_SHIFT = gl.constexpr(P_SHIFT - LAZY_TAU - 1.0)
-
-
 @gluon.jit
-def _softmax_block_lazy(s_i, m_i, l_i, c, kb, masked, k_len, rows,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                        s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Scores of kv block ``kb`` -> (P, reference max, l, alpha, rows that moved their max).
-
-    P = 2^(t - m + LAZY_P_SHIFT + grid(kb)): V's per-block grid factor rides in P, so PV sums
-    over blocks need no per-block O scaling, only ``alpha`` when some row moved (see
-    ``_any_row_moved``). ``l`` counts P without the grid factor.
-    """
-    s = s_i.to(gl.float32, bitcast=True)
-    if masked:
-        cols = kb * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        valid = gl.expand_dims(cols < k_len, 0)
-        if IS_CAUSAL:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
-        s = gl.where(valid, s, float("-inf"))
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    m_blk = (_row_max(s, BLOCK_M, BLOCK_N, row_layout) - I2F_MAGIC) * c
-    move = m_blk > m_i + LAZY_TAU  # true for the first block of a row (m_i = -inf)
-    m_new = gl.where(move, m_blk, m_i)
-    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_ref)  # exactly 1 where the max stayed
-    g = _v_grid_log2(kb)
-    x = s * gl.expand_dims(c, 1) - gl.expand_dims(m_ref - (LAZY_P_SHIFT + g) + I2F_MAGIC * c, 1)
-    p = gl.exp2(x)
-    l_i = l_i * alpha + _row_sum(p, BLOCK_M, BLOCK_N, row_layout) * gl.exp2(-g)
-    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
-    p = gl.permute(p, [0, 1, 3, 2, 4])
-    p = gl.reshape(p, [BLOCK_M, BLOCK_N])
-    p = gl.convert_layout(p, p_layout, assert_trivial=True)
-    return p, m_new, l_i, alpha, move.to(gl.int8)
-
-
-@gluon.jit
-def _any_row_moved(flags, BLOCK_M: gl.constexpr):
-    """Whether any of the warpgroup's rows set its byte in ``flags`` (shared, int8[BLOCK_M]),
-    as one value for the whole warpgroup (a branch condition).
-
-    Read after the warpgroup barrier the loop has anyway; every thread reads all the bytes as
-    int32 words and reduces in its own registers. A reduction of the row flags in registers
-    costs shuffles and two more barriers per block (sm_90 SASS, triton 3.6)."""
-    words_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 4], [32], [4], [0])
-    words = flags._reinterpret(gl.int32, [BLOCK_M // 4],
-                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    # bytes are 0 or 1: a word is positive iff one of its bytes is set
-    return gl.max(words.load(words_layout), axis=0) > 0
-
-
-@gluon.jit
-def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, flag_smem,
-                   q_scale, ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn,
-                   n_turns, k_len, rows, s_init, zero_o, wg: gl.constexpr, MASKED: gl.constexpr,
+def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
+                   ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns,
+                   k_len, rows, s_init, zero_o, wg: gl.constexpr, MASKED: gl.constexpr,
                    TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   row_o: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-                   LAZY_FOLD: gl.constexpr):
+                   row_o: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
     """kv block kb (ring index cnt): QK(kb) and PV(kb-1) issued in this warpgroup's turn.
-
-    ``LAZY_FOLD`` = G > 0: PV accumulates in the tensor-core accumulator over G blocks, scaled
-    only when the previous softmax moved a reference max, and is then added to the fp32 sum
-    (G blocks of the MMA's ~22-bit accumulation instead of one). 0: per-block two-level sum.
 
     The PV dot issued here is waited for at the top of the next step, after this step's
     softmax: ptxas moved a wait placed right after the softmax above it (unmasked loop,
@@ -173,31 +106,19 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     if ABLATE_EXP != 3:  # 3: timing only, PV reads a stale P
         p_buf.store(_p_to_fp8(p))
     acc = warpgroup_mma_wait(0, deps=[acc_tok])  # PV(kb-2)
-    if TWO_LEVEL and LAZY_FOLD == 0:
+    if TWO_LEVEL:
         # PV(kb-2) came from a fresh accumulator: fold it into the fp32 sum (frame kb-2).
         acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
     fence_async_shared()
     _cta_barrier()
     # Every warp of this warpgroup is past PV(kb-2): block kb-2's slot is free.
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
-    fresh = False
-    if LAZY_FOLD > 0:
-        # softmax(kb-1) moved a reference max: into PV(kb-1)'s frame (rare after a few blocks)
-        if _any_row_moved(flag_smem.index((cnt - 1) % 2), BLOCK_M):
-            acc = acc * gl.expand_dims(step, 1)
-            acc_m = acc_m * gl.expand_dims(step, 1)
-        fresh = (cnt % LAZY_FOLD) == 0
-        if fresh:
-            acc_m = acc_m + acc
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
     n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
     # ABLATE_MISC & 1, timing only: no magic preset of S (wrong scores)
     s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init,
                           use_acc=(ABLATE_MISC & 1) == 0, is_async=True)
-    if LAZY_FOLD > 0:
-        acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)), acc,
-                                use_acc=not fresh, is_async=True)
-    elif TWO_LEVEL:
+    if TWO_LEVEL:
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
                                 zero_o, use_acc=False, is_async=True)
     else:
@@ -208,20 +129,11 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     _pass_turn(turn, wg, PINGPONG)
     c = q_scale * gl.load(ks_base + kb)
     s_i = warpgroup_mma_wait(1, deps=[s_tok])
-    if LAZY_FOLD > 0:
-        p, m_i, l_i, alpha, move = _softmax_block_lazy(
-            s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
-            BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
-        # read by the next step after its barrier; two buffers: no warp overwrites one that a
-        # slower warp has yet to read
-        flag_smem.index(cnt % 2).store(move)
-        step = gl.convert_layout(alpha, row_o)
-    else:
-        p, m_i, l_i, alpha = _softmax_block(
-            s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
-            BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP, ABLATE_MISC)
-        step_prev = step
-        step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
+    p, m_i, l_i, alpha = _softmax_block(
+        s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
+        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP, ABLATE_MISC)
+    step_prev = step
+    step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
     return p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns
 
 
@@ -233,8 +145,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
-              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              LAZY_FOLD: gl.constexpr):
+              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -253,9 +164,6 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     p_smem = gl.allocate_shared_memory(
         gl.float8e4nv, [2, BLOCK_M, BLOCK_N],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float8e4nv))
-    # LAZY_FOLD: which rows moved their reference max in the last softmax (see _any_row_moved)
-    flag_smem = gl.allocate_shared_memory(gl.int8, [2, BLOCK_M],
-                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
     pid = gl.program_id(0)
     w_begin = gl.load(work_indptr_ptr + pid)
@@ -289,15 +197,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
         c = q_scale * gl.load(ks_base + kv_lo)
-        if LAZY_FOLD > 0:
-            p, m_i, l_i, alpha, move = _softmax_block_lazy(
-                s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
-            flag_smem.index(cnt % 2).store(move)
-        else:
-            p, m_i, l_i, alpha = _softmax_block(
-                s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
+        p, m_i, l_i, alpha = _softmax_block(
+            s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
+            BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
         acc_tok = warpgroup_mma_init(zero_o)
         acc_m = zero_o  # the fp32 sum (TWO_LEVEL)
         step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
@@ -307,19 +209,19 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
         for kb in range(kv_lo + 1, hi_main):
             p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
-                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, flag_smem, q_scale,
-                ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len,
-                rows, s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
+                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+                s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
                 BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
-                ABLATE_MISC, LAZY_FOLD)
+                ABLATE_MISC)
             cnt += 1
         for kb in range(hi_main, kv_hi):
             p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
-                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, flag_smem, q_scale,
-                ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len,
-                rows, s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
+                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+                s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
                 BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
-                ABLATE_MISC, LAZY_FOLD)
+                ABLATE_MISC)
             cnt += 1
 
         # PV of the last block, then release its slot and the item's Q.
@@ -327,20 +229,13 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p_buf = p_smem.index(cnt % 2)
         p_buf.store(_p_to_fp8(p))
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        if TWO_LEVEL and LAZY_FOLD == 0:
+        if TWO_LEVEL:
             acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
         fence_async_shared()
         _cta_barrier()
         mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
-        if LAZY_FOLD > 0:
-            if _any_row_moved(flag_smem.index((cnt - 1) % 2), BLOCK_M):
-                acc = acc * gl.expand_dims(step, 1)
-                acc_m = acc_m * gl.expand_dims(step, 1)
         n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-        if LAZY_FOLD > 0:
-            acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), acc,
-                                    is_async=True)
-        elif TWO_LEVEL:
+        if TWO_LEVEL:
             acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
                                     use_acc=False, is_async=True)
         else:
@@ -349,9 +244,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                                     is_async=True)
         _pass_turn(turn, wg, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        if LAZY_FOLD > 0:
-            acc = acc_m + acc
-        elif TWO_LEVEL:
+        if TWO_LEVEL:
             acc = acc_m * gl.expand_dims(step, 1) + acc
         _cta_barrier()
         mbarrier.arrive(kv_empty.index(last))
@@ -363,8 +256,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     slot_out.to(gl.int64) * (2 * BLOCK_M) + wg * BLOCK_M,
                     v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
                     lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
-                    offs_m, offs_mo, offs_d, DP, row_o,
-                    V_FRAME=LAZY_FOLD == 0, L_SHIFT=LAZY_P_SHIFT if LAZY_FOLD > 0 else P_SHIFT)
+                    offs_m, offs_mo, offs_d, DP, row_o)
 
 
 @gluon.jit
@@ -379,7 +271,7 @@ def attention_fwd_sm90_ws_kernel(
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, LAZY_FOLD: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -406,14 +298,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, LAZY_FOLD)),
+                     ABLATE_MISC)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, LAZY_FOLD)),
+                     ABLATE_MISC)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
