@@ -244,12 +244,14 @@ def test_check_rows_for_every_recipe_and_family(capsys):
         cos, rel_l1, rmse, max_abs, lse_err = (float(x) for x in r[2:7])
         assert 0.99 < cos <= 1.0 + 1e-9, (rec, fam, cos)
         assert 0 < rel_l1 < 0.2 and 0 < rmse <= max_abs and 0 <= lse_err < 10, (rec, fam)
-        worst = float(r[7].split()[0])
+        # merged from four kv chunks by the LSE, the output is as accurate as in one call
+        assert float(r[7]) <= rel_l1 * 1.25 + 2e-3, (rec, fam, r[7], rel_l1)
+        worst = float(r[8].split()[0])
         assert worst >= rel_l1 * 0.999  # the worst head is no better than the whole
         if rec in RECIPES:  # the kernel's error is the recipe's rounding, not a bug
-            assert 0.5 < float(r[8].rstrip("x")) < 2.0, (rec, fam, r[8])
+            assert 0.5 < float(r[9].rstrip("x")) < 2.0, (rec, fam, r[9])
         else:
-            assert r[8] == "-"
+            assert r[9] == "-"
     for fam in ("normal", "dit"):
         base = rows[("sdpa", fam)]
         assert float(base[6]) < 1e-3  # SDPA's LSE is computed in fp32

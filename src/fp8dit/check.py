@@ -1,8 +1,9 @@
 """``fp8dit check``: accuracy of every recipe against an fp64 reference, and its speed on a GPU.
 
 One row per (recipe, input family): cosine, rel-L1, RMSE and max-abs error of the output, max
-error of the log-sum-exp, and the worst head, all against :func:`fp8dit.testing.attention_ref`
-in float64; ``vs emul``, the kernel's rel-L1 over that of a pure-torch emulation of the same
+error of the log-sum-exp, the worst head, and ``ring rel-L1``: the rel-L1 of the output merged
+by LSE from calls on four kv chunks (:func:`fp8dit.testing.ring_merge`, what ring attention
+does with the LSE), all against :func:`fp8dit.testing.attention_ref` in float64; ``vs emul``, the kernel's rel-L1 over that of a pure-torch emulation of the same
 recipe (:func:`fp8dit.testing.attention_emulated`; near 1x is precision, far above is a bug);
 with a GPU also the median time of each recipe. ``sdpa`` (torch SDPA in bf16) is the
 baseline every FP8 recipe is compared with.
@@ -190,8 +191,11 @@ def _run_recipe(recipe: str, q, k, v, return_lse: bool = True):
     return fp8dit.attention(q, k, v, backend="fp8", recipe=recipe, return_lse=return_lse)
 
 
+RING_CHUNKS = 4
+
+
 def measure(recipe: str, q, k, v, ref_out, ref_lse, *, speed: bool) -> dict:
-    from .testing import error_stats, error_stats_per_head
+    from .testing import error_stats, error_stats_per_head, ring_merge
 
     out, lse = _run_recipe(recipe, q, k, v)
     st = error_stats(out, ref_out)
@@ -205,6 +209,10 @@ def measure(recipe: str, q, k, v, ref_out, ref_lse, *, speed: bool) -> dict:
                worst_head=worst, worst_head_rel_l1=heads[worst].rel_l1,
                per_head_rel_l1=[h.rel_l1 for h in heads], ms=None)
     del out, lse
+    merged = ring_merge(lambda qq, kk, vv: _run_recipe(recipe, qq, kk, vv), q, k, v,
+                        chunks=RING_CHUNKS)
+    row["ring_rel_l1"] = error_stats(merged, ref_out).rel_l1
+    del merged
     emu = emulation_rel_l1(recipe, q, k, v, ref_out)
     row["emulation_rel_l1"] = emu
     row["vs_emulation"] = st.rel_l1 / emu if emu else None
@@ -227,16 +235,17 @@ def format_table(rows: list[dict]) -> str:
         return "-" if v is None else format(v, spec)
 
     header = ("recipe", "inputs", "cos", "rel-L1", "RMSE", "max-abs", "LSE max err",
-              "worst head rel-L1", "vs emul", "ms", "note")
+              f"ring rel-L1 ({RING_CHUNKS})", "worst head rel-L1", "vs emul", "ms", "note")
     cells = []
     for r in rows:
         if r.get("error"):
-            cells.append((r["recipe"], r["inputs"], *["-"] * 8, r["error"]))
+            cells.append((r["recipe"], r["inputs"], *["-"] * 9, r["error"]))
             continue
         note = "NaN in output!" if r["nan"] or r["lse_nan"] else ""
         cells.append((
             r["recipe"], r["inputs"], f(r["cos"], ".6f"), f(r["rel_l1"], ".4f"),
             f(r["rmse"], ".3e"), f(r["max_abs"], ".3e"), f(r["lse_max_err"], ".3e"),
+            f(r.get("ring_rel_l1"), ".4f"),
             f"{r['worst_head_rel_l1']:.4f} (h{r['worst_head']})",
             "-" if r.get("vs_emulation") is None else f"{r['vs_emulation']:.2f}x",
             f(r.get("ms"), ".3f"), note,
@@ -246,7 +255,7 @@ def format_table(rows: list[dict]) -> str:
 
     def fmt(row):
         return "  ".join(
-            c.ljust(w) if i in (0, 1, 10) else c.rjust(w)
+            c.ljust(w) if i in (0, 1, 11) else c.rjust(w)
             for i, (c, w) in enumerate(zip(row, widths))
         ).rstrip()
 

@@ -122,6 +122,40 @@ def attention_ref_rows(q, k, v, rows, *, batch: int = 0, scale: float | None = N
     return torch.stack(outs, 1), torch.stack(lses, 0)
 
 
+def merge_by_lse(parts) -> torch.Tensor:
+    """Combine attention outputs over disjoint kv ranges, as ring attention does.
+
+    ``parts``: iterable of (out [B, S, H, D] (NHD), lse [B, H, S], natural log). Each part is
+    weighted by exp(lse_i - logsumexp_j lse_j), in float64, one part at a time (running max and
+    sum), so only one part is held besides the result. Rows whose parts are all empty (lse
+    -inf everywhere) come out 0.
+    """
+    acc = m = den = None
+    for out, lse in parts:
+        lse = lse.double().transpose(1, 2).unsqueeze(-1)  # [B, S, H, 1], like out
+        out = out.double()
+        if acc is None:
+            acc, m, den = torch.zeros_like(out), torch.full_like(lse, float("-inf")), \
+                torch.zeros_like(lse)
+        m_new = torch.maximum(m, lse)
+        ref = torch.where(torch.isinf(m_new), 0.0, m_new)
+        w_old, w = torch.exp(m - ref), torch.exp(lse - ref)
+        acc = acc * w_old + out * w
+        den = den * w_old + w
+        m = m_new
+    return torch.where(den > 0, acc / den.clamp_min(1e-300), 0.0)
+
+
+def ring_merge(run, q, k, v, chunks: int = 4) -> torch.Tensor:
+    """``run(q, k_part, v_part) -> (out, lse)`` over ``chunks`` contiguous kv ranges (NHD), merged
+    by :func:`merge_by_lse`: what a ring of ``chunks`` devices computes from these partial calls.
+    LSE errors that differ between a row's parts show up here in proportion to how much they
+    move its weights; a shift common to all of a row's parts cancels."""
+    Sk = k.shape[1]
+    bounds = [round(i * Sk / chunks) for i in range(chunks + 1)]
+    return merge_by_lse(run(q, k[:, a:b], v[:, a:b]) for a, b in zip(bounds, bounds[1:]) if b > a)
+
+
 @dataclass(frozen=True)
 class ErrorStats:
     """Error of an approximation against a reference (all computed in float64)."""
