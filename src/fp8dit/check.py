@@ -3,9 +3,10 @@
 One row per (recipe, input family): cosine, rel-L1, RMSE and max-abs error of the output, max
 error of the log-sum-exp, the worst head, and ``ring rel-L1``: the rel-L1 of the output merged
 by LSE from calls on four kv chunks (:func:`fp8dit.testing.ring_merge`, what ring attention
-does with the LSE), all against :func:`fp8dit.testing.attention_ref` in float64; ``vs emul``, the kernel's rel-L1 over that of a pure-torch emulation of the same
-recipe (:func:`fp8dit.testing.attention_emulated`; near 1x is precision, far above is a bug);
-with a GPU also the median time of each recipe. ``sdpa`` (torch SDPA in bf16) is the
+does with the LSE), all against :func:`fp8dit.testing.attention_ref` in float64; ``vs emul``,
+the kernel's rel-L1 over that of a pure-torch emulation of the same recipe
+(:func:`fp8dit.testing.attention_emulated`; near 1x is precision, far above is a bug); with a
+GPU also the median time of each recipe. ``sdpa`` (torch SDPA in bf16) is the
 baseline every FP8 recipe is compared with.
 
 Inputs come from the families of :mod:`fp8dit.testing` (``normal``, ``dit``) or from a file of

@@ -67,7 +67,8 @@ def _spills(body: list[str]) -> int:
     return sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
 
 
-def gluon_attention_report(dp: int, causal: bool, ws: bool = False, extra: dict | None = None) -> dict:
+def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
+                           extra: dict | None = None) -> dict:
     """Compile ``kernels.attention_sm90`` (``ws``: ``attention_sm90_ws``) for sm_90 and describe
     its kv loops' SASS.
 
