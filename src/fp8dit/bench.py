@@ -569,6 +569,11 @@ def gpu_slug(name: str) -> str:
 
 
 def _git_commit() -> str | None:
+    # FP8DIT_COMMIT first: a copy of a working tree (the lent GPU machine's) can carry a .git
+    # whose HEAD is older than the files it runs (session 4's rows named the session's first
+    # commit).
+    if os.environ.get("FP8DIT_COMMIT"):
+        return os.environ["FP8DIT_COMMIT"]
     try:
         res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=5, cwd=Path(__file__).resolve().parent)
