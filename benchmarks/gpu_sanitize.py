@@ -31,7 +31,7 @@ def main() -> int:
         import os
 
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from gluon_ws_control import run_control
+        from gluon_ws_control import run_control, run_control_mbarrier
 
         bad = 0
         for like in (False, True):
@@ -39,6 +39,10 @@ def main() -> int:
             bad += not ok
             print(f"warp_specialize control kernel (attention's partitions: {like}): "
                   f"{'ok' if ok else 'BAD'}", flush=True)
+        ok = run_control_mbarrier()
+        bad += not ok
+        print(f"warp_specialize control kernel with an mbarrier ping-pong: "
+              f"{'ok' if ok else 'BAD'}", flush=True)
         return 1 if bad else 0
     cases = [(1, 64, None, False), (113, 72, 3, True), (1000, 72, 1, False), (1000, 128, 3, True)]
     if args.quick:
