@@ -77,6 +77,7 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     assert choice(head_dim=72) == "gluon-ws"  # padded to 128
     assert choice(causal=True) == "triton"  # not measured
     assert choice(recipe=get_recipe("int8qk-bf16pv")) == "triton"  # not supported
+    assert choice(recipe=get_recipe("int8x2qk-fp8pv")) == "triton"  # one int8 QK dot only
     assert choice(device=torch.device("cpu")) == "triton"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert choice() == "triton"

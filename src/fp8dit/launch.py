@@ -95,7 +95,8 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
         return kernel
     recipe = recipe if recipe is not None else get_recipe(None)
     if (padded_head_dim(head_dim) == 128 and max_k_len >= WS_MIN_KV_TOKENS and not is_causal
-            and recipe.qk == "int8" and recipe.pv == "fp8" and _gluon_ws_possible(device)
+            and recipe.qk == "int8" and recipe.qk_terms == 1 and recipe.pv == "fp8"
+            and _gluon_ws_possible(device)
             and _triton_release() in WS_VERIFIED_TRITON
             and _gluon_sm90_module("attention_sm90_ws") is not None):
         return "gluon-ws"
@@ -183,6 +184,9 @@ class Workspace:
     part_lse: torch.Tensor  # [n_partials, BLOCK_M] fp32
     qk_int8: bool
     pv_bf16: bool = False
+    # recipes with qk_terms=2: the int8 rounding residuals of q8 and k8 (same layouts)
+    q8lo: torch.Tensor | None = None
+    k8lo: torch.Tensor | None = None
 
     def nbytes(self) -> int:
         return sum(
@@ -224,7 +228,7 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
                             recipe, device)
     if device.type != "cuda" or env.triton_interpret() or kernel == "triton":
         return None
-    if recipe.qk != "int8" or recipe.pv != "fp8":
+    if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
         return None
     block_m = 128 if kernel == "gluon-ws" else 64
     if plan.head_dim_padded not in (64, 128) or key.block_m != block_m or key.block_n != 128:
@@ -265,6 +269,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         qk_int8=qk_int8,
         pv_bf16=pv_bf16,
     )
+    two_term = recipe.qk_terms == 2
+    if two_term:
+        ws.q8lo, ws.k8lo = torch.empty_like(ws.q8), torch.empty_like(ws.k8)
     stats = torch.empty(B, Hkv, max(plan.n_chunks, 1), N_STATS, Dp, device=dev, dtype=f32)
     k_mean = torch.zeros(B, Hkv, Dp, device=dev, dtype=f32)
     # amax[0:3] = tensor-wide max |q|, |k|, |v|; read only with TENSOR_SCALES.
@@ -287,7 +294,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=BN, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
-            KV_PERM16=kv_perm16, num_warps=_tile_warps(BN, Dp),
+            KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
+            num_warps=_tile_warps(BN, Dp),
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](
@@ -295,7 +303,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
-            ROTATE=recipe.rotate,
+            ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
             num_warps=_tile_warps(BM, Dp),
         )
     return ws
@@ -385,6 +393,12 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
         desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
+        two_term = ws.q8lo is not None
+        if two_term:
+            desc_qlo = TensorDescriptor.from_tensor(ws.q8lo.view(-1, Dp), [BM, Dp])
+            desc_klo = TensorDescriptor.from_tensor(ws.k8lo.view(-1, Dp), [BN, Dp])
+        else:
+            desc_qlo, desc_klo = desc_q, desc_k  # not read
         attention_fwd_persistent_kernel[(plan.num_programs,)](
             desc_q, ws.q_scale, ws.q_corr, desc_k, ws.k_scale, desc_v, ws.v_scale, ws.v_mean,
             tabs["seq"], tabs["work"], tabs["work_indptr"],
@@ -392,6 +406,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
+            desc_qlo=desc_qlo, desc_klo=desc_klo, QK_TWO_TERM=two_term,
             num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
             **_register_cap(cfg),
         )

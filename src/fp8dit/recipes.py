@@ -33,11 +33,17 @@ class Recipe:
     # Rotate Q and K (K after smoothing) by an orthonormal Hadamard matrix along the head dim
     # before quantizing (FlashAttention-3's incoherent processing): outlier channels spread out.
     rotate: bool = False
+    # 2: Q and K each stored as two int8 terms, x = s * (hi + lo / LO_SCALE) (lo: hi's rounding
+    # residual), and the scores summed from three int8 dots (hi.hi, hi.lo, lo.hi): ~15-bit
+    # scores. For the LSE: 8-bit Q and K misplace DiT scores of ~100 by up to ~0.5.
+    qk_terms: int = 1
 
     def __post_init__(self):
         if self.qk not in ("int8", "fp8") or self.scales not in ("fine", "tensor") \
-                or self.pv not in ("fp8", "bf16"):
-            raise ValueError(f"recipe {self.name!r}: unknown qk/scales/pv in {self}")
+                or self.pv not in ("fp8", "bf16") or self.qk_terms not in (1, 2):
+            raise ValueError(f"recipe {self.name!r}: unknown qk/scales/pv/qk_terms in {self}")
+        if self.qk_terms == 2 and (self.qk != "int8" or self.scales != "fine"):
+            raise ValueError(f"recipe {self.name!r}: two-term QK needs int8 QK and fine scales")
         if self.scales == "tensor" and (self.smooth_k or self.center_v):
             # The tensor-wide amax is taken of the raw inputs, before any shift.
             raise ValueError(f"recipe {self.name!r}: per-tensor scales exclude smooth_k and "
@@ -57,6 +63,12 @@ RECIPES: dict[str, Recipe] = {
             "as int8qk-fp8pv with Q and K rotated by a Hadamard matrix along the head dim before "
             "quantizing (outlier channels spread over all channels)",
             rotate=True,
+        ),
+        Recipe(
+            "int8x2qk-fp8pv",
+            "precise LSE: as int8qk-fp8pv with Q and K each stored as two int8 terms (value and "
+            "rounding residual); three int8 dots per kv block instead of one",
+            qk_terms=2,
         ),
         Recipe(
             "fp8",

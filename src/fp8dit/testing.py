@@ -338,6 +338,10 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         qs = torch.tensor(qa / qmax)
     else:
         qs = qh.abs().amax(-1, keepdim=True).clamp_min(1e-8) / qmax
+    if getattr(recipe, "qk_terms", 1) == 2:  # hi + lo / 254, lo the rounding residual
+        def rnd(x, _one=rnd):
+            hi = _one(x)
+            return hi + _one((x - hi) * 254.0) / 254.0
     q_dq = rnd(qh / qs) * qs
     if per_tensor:
         ks = torch.tensor(ka / qmax)

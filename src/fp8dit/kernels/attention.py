@@ -20,12 +20,17 @@ change of frame rides on the per-row rescale: no per-element cost.
 
 ``PV_BF16`` (recipe ``int8qk-bf16pv``): P is rounded to bf16 instead of fp8 and V arrives in
 bf16 (same transposed layout, no grid factor), so the PV dot is bf16 x bf16 -> fp32.
+
+``QK_TWO_TERM`` (recipe ``int8x2qk-fp8pv``): Q and K also arrive as their int8 rounding
+residuals (``lo``, on a grid LO_SCALE times finer), and
+    s = LO_SCALE * dot(q8, k8^T) + dot(q8, klo^T) + dot(qlo, k8^T)     int32, exact
+scores the scale ``c / LO_SCALE`` turns into ~15-bit ones (lo * lo is left out: 2^-16).
 """
 
 import triton
 import triton.language as tl
 
-from .common import cast_for_store, p_to_fp8, to_bf16, v_block_log2_scale
+from .common import LO_SCALE, LO_SCALE_INT, cast_for_store, p_to_fp8, to_bf16, v_block_log2_scale
 
 # Work-item fields (int32 columns of the plan's work table).
 W_SEQ = 0
@@ -70,11 +75,22 @@ def _attn_block(
     kb, kv_col0, rows, k_len, offs_n,
     MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr, PV_BF16: tl.constexpr,
+    qlo=None, desc_klo=None, QK_TWO_TERM: tl.constexpr = False,
 ):
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
     c = q_scale * k_scale  # [BLOCK_M], > 0
-    if QK_INT8:
+    if QK_TWO_TERM:
+        # |LO_SCALE * hi.hi| <= 254 * DP * 127^2 < 2^31 for DP <= 256; the float conversion
+        # keeps fp32's relative precision (the magic offset below would not: it is ~1e7).
+        klo = desc_klo.load([k_row, 0])
+        s_x = tl.dot(q, klo.T, out_dtype=tl.int32)
+        s_x = tl.dot(qlo, k.T, s_x, out_dtype=tl.int32)
+        s_i = tl.dot(q, k.T, out_dtype=tl.int32) * LO_SCALE_INT + s_x
+        s = s_i.to(tl.float32)
+        c = c * (1.0 / LO_SCALE)
+        offset = 0.0
+    elif QK_INT8:
         # Scores stay offset by I2F_MAGIC: s_f = s + MAGIC exactly. max() commutes with the
         # offset and exp2's per-row bias absorbs it, so there is no per-element subtraction.
         # MAGIC * c rounds by at most 0.75 * c: under one unit of the integer dot.
@@ -128,7 +144,7 @@ def attention_fwd_persistent_kernel(
     D, Tq_pad, Tk_pad, n_kblocks, group, Hkv,
     DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
-    PV_BF16: tl.constexpr,
+    PV_BF16: tl.constexpr, desc_qlo=None, desc_klo=None, QK_TWO_TERM: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     w_begin = tl.load(work_indptr_ptr + pid)
@@ -156,6 +172,10 @@ def attention_fwd_persistent_kernel(
         rows = row0 + offs_m
         q_row = h * Tq_pad + q_pad + row0  # row of the [H * Tq_pad, DP] q view
         q = desc_q.load([q_row, 0])
+        if QK_TWO_TERM:
+            qlo = desc_qlo.load([q_row, 0])
+        else:
+            qlo = q  # unused
         q_scale = tl.load(q_scale_ptr + q_row + offs_m)
         k_row0 = hk * Tk_pad + k_pad  # row of the [Hkv * Tk_pad, DP] k view
         v_row = hk * DP  # row of the [Hkv * DP, Tk_pad] v^T view
@@ -176,14 +196,14 @@ def attention_fwd_persistent_kernel(
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
-                False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16,
+                False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16, qlo, desc_klo, QK_TWO_TERM,
             )
         for kb in range(hi_fast, kv_hi):
             col0 = kb * BLOCK_N
             acc, l_i, m_i = _attn_block(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
-                True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16,
+                True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16, qlo, desc_klo, QK_TWO_TERM,
             )
 
         vbase = (b * Hkv + hk) * DP

@@ -42,6 +42,11 @@ def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr):
 # 1 / golden ratio: block b's V grid factor is 2^frac(b * PHI), an equidistributed sequence.
 V_GRID_PHI = tl.constexpr(0.6180339887498949)
 
+# Two-term int8 (recipes with qk_terms=2): x = s * (hi + lo / LO_SCALE), lo = the rounding
+# residual x/s - hi in [-1/2, 1/2] scaled to int8's range.
+LO_SCALE = tl.constexpr(254.0)
+LO_SCALE_INT = tl.constexpr(254)
+
 
 @triton.jit
 def v_block_log2_scale(blk):
@@ -107,6 +112,12 @@ def to_int8_rn(x):
     x = tl.where(x == x, x, 0.0)
     x = tl.minimum(tl.maximum(x, -127.0), 127.0)
     return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
+
+
+@triton.jit
+def residual_int8(x, inv_scale, hi):
+    """The second int8 term of ``x * inv_scale`` after ``hi = to_int8_rn(x * inv_scale)``."""
+    return to_int8_rn((x * inv_scale - hi.to(tl.float32)) * LO_SCALE)
 
 
 @triton.jit

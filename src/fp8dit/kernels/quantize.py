@@ -25,7 +25,14 @@ one scale per tensor for Q, K and V from :func:`qkv_abs_max_kernel` +
 import triton
 import triton.language as tl
 
-from .common import finite_or, quantize_tile, to_bf16, to_fp8_e4m3, v_block_log2_scale
+from .common import (
+    finite_or,
+    quantize_tile,
+    residual_int8,
+    to_bf16,
+    to_fp8_e4m3,
+    v_block_log2_scale,
+)
 
 # Columns of the plan's int32 ``seq`` table.
 SEQ_Q_LEN = 0
@@ -186,6 +193,7 @@ def quantize_kv_kernel(
     DP: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
+    k8lo_ptr=None, TWO_TERM: tl.constexpr = False,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -194,6 +202,7 @@ def quantize_kv_kernel(
 
     ``TENSOR_SCALES``: K's scale is its tensor-wide amax (``amax_ptr[1]``) instead of the
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
+    ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     blk = tl.program_id(0)
@@ -232,8 +241,12 @@ def quantize_kv_kernel(
             k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
         k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
-        k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
         prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
+        if TWO_TERM:
+            tl.store(k8lo_ptr + (h.to(tl.int64) * Tk_pad + prow0) * DP
+                     + loc[:, None] * DP + offs_d[None, :],
+                     residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
+        k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
         tl.store(k8_ptr + (h.to(tl.int64) * Tk_pad + prow0) * DP
                  + loc[:, None] * DP + offs_d[None, :], k8)
         tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk, k_scale)
@@ -274,12 +287,14 @@ def quantize_q_kernel(
     DP: tl.constexpr, BLOCK_M: tl.constexpr,
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
+    q8lo_ptr=None, TWO_TERM: tl.constexpr = False,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
 
     Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
     tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
+    ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     blk = tl.program_id(0)
@@ -315,8 +330,11 @@ def quantize_q_kernel(
             scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
         q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
         n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
-        scale = tl.where(n_bad > 0, float("nan"), scale)
         prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in the [H*Tq_pad] view
+        if TWO_TERM:
+            tl.store(q8lo_ptr + prow0 * DP + loc[:, None] * DP + offs_d[None, :],
+                     residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
+        scale = tl.where(n_bad > 0, float("nan"), scale)
         tl.store(q8_ptr + prow0 * DP + loc[:, None] * DP + offs_d[None, :], q8)
         tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
         corr = tl.zeros([BLOCK_M], dtype=tl.float32)
