@@ -105,13 +105,14 @@ def test_high_accuracy_target_at_d128(family):
 
 @pytest.mark.parametrize("family", ["normal", "dit"])
 def test_two_term_qk_meets_the_lse_target(family):
-    # The accuracy issue: LSE within 0.01 of fp64. Measured here (S=512, D=128): DiT-like 0.006
-    # (the one-term default: 0.39), normal < 1e-4 (default 0.003).
+    # The accuracy issue: LSE within 0.01 of fp64. Measured here (S=512, D=128): DiT-like
+    # 0.0007 (the one-term default: 0.39; two terms without rotation 0.006, 0.011 at S=2048
+    # and 0.013 on the H200 at 8k), normal < 1e-4 (default 0.003).
     q, k, v = make_qkv(1, 2, 512, 128, family=family, seed=0)
     ref, ref_lse = attention_ref(q, k, v, return_lse=True)
     out, lse = fp8dit.attention(q, k, v, backend="fp8", recipe=PRECISE_LSE, return_lse=True)
     err = (lse.double() - ref_lse).abs().max().item()
-    assert err <= 0.01, err
+    assert err <= 0.004, err
     _, lse_default = fp8dit.attention(q, k, v, backend="fp8", return_lse=True)
     err_default = (lse_default.double() - ref_lse).abs().max().item()
     assert err <= err_default / 5, (err, err_default)

@@ -103,11 +103,19 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
     return "triton"
 
 
-def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None) -> dict:
+# Two-term QK (recipe int8x2qk-fp8pv): two int32 score accumulators, Q and K twice. With the
+# default tiles the sm_90 SASS spilled in the kv loop (89 spills at D=64, 4 at D=128; triton 3.9)
+# and took 161 KB of shared memory at D=128 (one program per SM): 64-key blocks, two stages.
+TWO_TERM_TILES = dict(block_n=64, num_stages=2, programs_per_sm=2, maxnreg=None)
+
+
+def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None,
+                recipe: Recipe | None = None) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here).
 
     ``kernel``: what ``kernel_for`` chose; None reads ``FP8DIT_KERNEL`` (``auto`` gives the
-    Triton kernel's tiles when the call's shape is not known)."""
+    Triton kernel's tiles when the call's shape is not known). ``recipe``: the call's; a
+    two-term one takes ``TWO_TERM_TILES`` (it never runs a Gluon kernel)."""
     # Measured on an H200 (benchmarks/NOTES.md, 2026-12-02): 64-row query tiles, 4 warps and two
     # programs per SM beat 128-row tiles with 8 warps by 1.2-1.3x at Wan 720p (741 vs 583
     # TFLOPS). D=64 (CogVideoX): three programs per SM, registers capped at 168 and two stages
@@ -126,6 +134,8 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None =
                    maxnreg=168)
     else:
         cfg = dict(block_m=64, block_n=128, num_warps=4, num_stages=3, programs_per_sm=2)
+    if recipe is not None and recipe.qk_terms == 2 and head_dim_padded <= 128:
+        cfg.update(TWO_TERM_TILES)
     cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
     if device.type == "cuda":
         cfg["num_programs"] = _sm_count(device.index or 0) * cfg["programs_per_sm"]
@@ -149,7 +159,7 @@ def plan_for(
     default), which decides with the shape which kernel runs (``kernel_for``)."""
     dp = padded_head_dim(head_dim)
     kernel = kernel_for(dp, max((int(x) for x in k_lens), default=0), is_causal, recipe, device)
-    cfg = tile_config(dp, device, kernel)
+    cfg = tile_config(dp, device, kernel, recipe)
     cfg["kernel"] = kernel  # what use_gluon_sm90 reads at launch
     key = PlanKey(
         q_lens=tuple(int(x) for x in q_lens),

@@ -24,7 +24,9 @@ bf16 (same transposed layout, no grid factor), so the PV dot is bf16 x bf16 -> f
 ``QK_TWO_TERM`` (recipe ``int8x2qk-fp8pv``): Q and K also arrive as their int8 rounding
 residuals (``lo``, on a grid LO_SCALE times finer), and
     s = LO_SCALE * dot(q8, k8^T) + dot(q8, klo^T) + dot(qlo, k8^T)     int32, exact
-scores the scale ``c / LO_SCALE`` turns into ~15-bit ones (lo * lo is left out: 2^-16).
+scores the scale ``c / LO_SCALE`` turns into finer ones (lo * lo is left out: ~1 unit of the
+int8 grid, the product of two rounding residuals, which the recipe's Hadamard rotation keeps
+small).
 """
 
 import triton
