@@ -53,13 +53,18 @@ N_STATS = 4
 
 
 @triton.jit
-def _rotate(x, rot_ptr, DP: tl.constexpr):
+def _rotate(x, rot_ptr, DP: tl.constexpr, IEEE: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
     scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
-    unchanged (R R^T = I). tf32 on the GPU: its rounding is ~2% of an int8 step."""
+    unchanged (R R^T = I). tf32 on the GPU: its rounding is ~2% of an int8 step, fine for one
+    int8 term. ``IEEE`` (two-term recipes, whose second term resolves 1/254 of a step): full
+    fp32 products; with tf32 the H200 put the DiT-like LSE 0.08 off (0.001 in the interpreter,
+    whose dots are fp32)."""
     offs = tl.arange(0, DP)
     r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
+    if IEEE:
+        return tl.dot(x, r, input_precision="ieee")
     return tl.dot(x, r)
 
 
@@ -234,7 +239,7 @@ def quantize_kv_kernel(
         ks = tl.where(m, k - k_mean[None, :], 0.0)
         n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-            ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP)
+            ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         else:
@@ -320,7 +325,7 @@ def quantize_q_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROTATE:
-            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP)  # masked loads are already 0
+            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
         else:
             qr = q
         if TENSOR_SCALES:
