@@ -105,8 +105,10 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
 
 # Two-term QK (recipe int8x2qk-fp8pv): two int32 score accumulators, Q and K twice. With the
 # default tiles the sm_90 SASS spilled in the kv loop (89 spills at D=64, 4 at D=128; triton 3.9)
-# and took 161 KB of shared memory at D=128 (one program per SM): 64-key blocks, two stages.
-TWO_TERM_TILES = dict(block_n=64, num_stages=2, programs_per_sm=2, maxnreg=None)
+# and took 161 KB of shared memory at D=128 (one program per SM). 64-key blocks, three stages:
+# no spills, and the fastest of 64/128 keys x 2/3 stages at Wan 720p and CogVideoX (run s5-7,
+# benchmarks/gpu_two_term.py).
+TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 
 
 def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None,

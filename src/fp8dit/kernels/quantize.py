@@ -58,13 +58,14 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, IEEE: tl.constexpr = False):
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
     scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
     unchanged (R R^T = I). tf32 on the GPU: its rounding is ~2% of an int8 step, fine for one
-    int8 term. ``IEEE`` (two-term recipes, whose second term resolves 1/254 of a step): full
-    fp32 products; with tf32 the H200 put the DiT-like LSE 0.08 off (0.001 in the interpreter,
-    whose dots are fp32)."""
+    int8 term. ``IEEE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
+    accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
+    off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
+    the quantization ~170 ms slower at Wan 720p (run s5-7)."""
     offs = tl.arange(0, DP)
     r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
     if IEEE:
-        return tl.dot(x, r, input_precision="ieee")
+        return tl.dot(x, r, input_precision="tf32x3")
     return tl.dot(x, r)
 
 
