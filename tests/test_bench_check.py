@@ -194,6 +194,16 @@ def test_gpu_slug():
     assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
+def test_result_rows_name_the_commit_from_fp8dit_commit_first(monkeypatch):
+    # A copied working tree (the GPU machine's) can carry an older .git HEAD than its files.
+    monkeypatch.setenv("FP8DIT_COMMIT", "abc1234")
+    assert bench.run_metadata(torch.device("cpu"))["commit"] == "abc1234"
+    monkeypatch.delenv("FP8DIT_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO).stdout.strip()
+    assert bench.run_metadata(torch.device("cpu"))["commit"] == (head or None)
+
+
 def test_bench_from_json_prints_the_latest_run(tmp_path, capsys):
     path = tmp_path / "r.json"
     bench.save_results(path, [_row("2026-01-01", "flux-1024", "fp8dit", 111.0),
