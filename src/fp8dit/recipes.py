@@ -6,7 +6,8 @@ what ``fp8dit.attention`` uses unless ``recipe=`` or ``FP8DIT_RECIPE`` names ano
 Kernel rel-L1 against fp64, normal / dit family (CPU interpreter, B=1 H=2 S=512 D=64, seed 0;
 ``tests/test_recipes.py``): ``int8qk-bf16pv`` 0.011 / 0.008, ``int8qk-fp8pv`` (default) 0.036 /
 0.012, ``int8qk-fp8pv-rot`` 0.036 / 0.009, ``fp8`` 0.052 / 0.034, ``per-tensor-fp8`` 0.053 /
-0.050, ``int8x2qk-fp8pv`` 0.034 / 0.009 (its LSE: < 1e-4 / 0.001 off at D=128). On the H200 at 8k tokens and Wan 720p speed: README's quality table.
+0.050, ``int8x2qk-fp8pv`` 0.034 / 0.009 (its LSE: < 1e-4 / 0.001 off at D=128). On the H200
+at 8k tokens and Wan 720p speed: README's quality table.
 :func:`fp8dit.testing.attention_emulated` rounds each recipe the same way in torch.
 """
 
