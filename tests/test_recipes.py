@@ -212,6 +212,27 @@ def test_per_tensor_scales_span_sequences_and_heads():
     assert error_stats(out, ref).cos >= 0.99
 
 
+def test_two_term_recipe_varlen_with_an_empty_sequence():
+    # Packed sequences (one without keys, one without queries), DiT-like, D=128: the residual
+    # terms land in the right rows of the padded buffers and the LSE stays precise.
+    q_lens, k_lens = [200, 0, 77], [150, 40, 0]
+    q1, k1, v1 = make_qkv(1, 2, 200, 128, Sk=150, family="dit", seed=7)
+    _, k2, v2 = make_qkv(1, 2, 1, 128, Sk=40, family="dit", seed=8)
+    q3, _, _ = make_qkv(1, 2, 77, 128, Sk=1, family="dit", seed=9)
+    q = torch.cat([q1[0], q3[0]])
+    k, v = torch.cat([k1[0], k2[0]]), torch.cat([v1[0], v2[0]])
+    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+          for n in (q_lens, k_lens)]
+    out, lse = fp8dit.attention_varlen(q, k, v, cu[0], cu[1], max(q_lens), max(k_lens),
+                                       backend="fp8", recipe=PRECISE_LSE, return_lse=True)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu[0], cu[1], return_lse=True)
+    assert error_stats(out, ref).rel_l1 <= 0.012
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse))  # the sequence without keys: -inf
+    assert (lse.double() - ref_lse)[fin].abs().max().item() <= 0.004
+    assert torch.all(out[200:] == 0)
+
+
 def test_bf16_pv_stores_v_as_is_and_unscaled():
     q_lens = k_lens = [150, 37]
     g = torch.Generator().manual_seed(4)
