@@ -21,7 +21,7 @@ from fp8dit import launch
 from fp8dit.testing import attention_ref, error_stats, make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_variants import bench, cudnn_fn, fp8_fn, rotated, tflops  # noqa: E402
+from gpu_variants import ROWS, bench, cudnn_fn, fp8_fn, record, rotated, tflops  # noqa: E402
 
 RECIPE = "int8x2qk-fp8pv"
 CONFIGS = {
@@ -37,12 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    rows = []
-
-    def rec(**kw):
-        rows.append(kw)
-        print(json.dumps(kw), flush=True)
-
+    rec = record
     for fam in ("normal", "dit"):
         q, k, v = make_qkv(1, 4, 8192, 128, family=fam, device="cuda", seed=0)
         ref, lse_ref = attention_ref(q, k, v, return_lse=True)
@@ -76,7 +71,7 @@ def main() -> int:
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(ROWS, f, indent=1)
     return 0
 
 

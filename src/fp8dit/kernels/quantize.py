@@ -53,18 +53,18 @@ N_STATS = 4
 
 
 @triton.jit
-def _rotate(x, rot_ptr, DP: tl.constexpr, IEEE: tl.constexpr = False):
+def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
     scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
     unchanged (R R^T = I). tf32 on the GPU: its rounding is ~2% of an int8 step, fine for one
-    int8 term. ``IEEE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
+    int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
     accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
     off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
     the quantization ~170 ms slower at Wan 720p (run s5-7)."""
     offs = tl.arange(0, DP)
     r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
-    if IEEE:
+    if PRECISE:
         return tl.dot(x, r, input_precision="tf32x3")
     return tl.dot(x, r)
 
@@ -248,13 +248,11 @@ def quantize_kv_kernel(
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
         k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
         prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
+        k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
         if TWO_TERM:
-            tl.store(k8lo_ptr + (h.to(tl.int64) * Tk_pad + prow0) * DP
-                     + loc[:, None] * DP + offs_d[None, :],
-                     residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
+            tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
         k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
-        tl.store(k8_ptr + (h.to(tl.int64) * Tk_pad + prow0) * DP
-                 + loc[:, None] * DP + offs_d[None, :], k8)
+        tl.store(k8_ptr + k_at, k8)
         tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk, k_scale)
 
         v = tl.load(
@@ -337,11 +335,12 @@ def quantize_q_kernel(
         q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
         n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
         prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in the [H*Tq_pad] view
+        q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
         if TWO_TERM:
-            tl.store(q8lo_ptr + prow0 * DP + loc[:, None] * DP + offs_d[None, :],
+            tl.store(q8lo_ptr + q_at,
                      residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
         scale = tl.where(n_bad > 0, float("nan"), scale)
-        tl.store(q8_ptr + prow0 * DP + loc[:, None] * DP + offs_d[None, :], q8)
+        tl.store(q8_ptr + q_at, q8)
         tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
         corr = tl.zeros([BLOCK_M], dtype=tl.float32)
         if SMOOTH_K:
