@@ -111,6 +111,14 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
 TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 
 
+# The warp-specialized kernel's kv block (keys per loop step: 128, or 256 as two dots of 128)
+# and its ring depth, per padded head dim.
+WS_TILES: dict[int, dict] = {
+    64: dict(block_n=128, sm90_stages=3),
+    128: dict(block_n=128, sm90_stages=3),
+}
+
+
 def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None,
                 recipe: Recipe | None = None) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here).
@@ -128,7 +136,8 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None =
         kernel = env.attention_kernel()
     if head_dim_padded in (64, 128) and kernel == "gluon-ws" and _gluon_ws_possible(device):
         # the warp-specialized kernel: 128-row work items, one program (3 partitions) per SM
-        cfg = dict(block_m=128, block_n=128, num_warps=4, num_stages=2, programs_per_sm=1)
+        cfg = dict(block_m=128, num_warps=4, num_stages=2, programs_per_sm=1,
+                   **WS_TILES[head_dim_padded])
     elif head_dim_padded >= 256:
         cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
     elif head_dim_padded <= 64:
@@ -243,7 +252,9 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
     if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
         return None
     block_m = 128 if kernel == "gluon-ws" else 64
-    if plan.head_dim_padded not in (64, 128) or key.block_m != block_m or key.block_n != 128:
+    block_ns = (128, 256) if kernel == "gluon-ws" else (128,)
+    if (plan.head_dim_padded not in (64, 128) or key.block_m != block_m
+            or key.block_n not in block_ns):
         return None
     if torch.cuda.get_device_capability(device) != (9, 0):
         return None
@@ -364,10 +375,12 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
     # One query tile's rows per program; the warp-specialized kernel's plan tile (128 rows)
     # is split between its two consumer warpgroups.
     rows = BM // 2 if ws_kernel else BM
+    # K and V^T tiles of at most 128 keys (one dot each; a 256-key kv block loads two).
+    sub_n = min(BN, 128)
     args = (
         desc(ws.q8.view(-1, Dp), [rows, Dp], gl.int8), ws.q_scale, ws.q_corr,
-        desc(ws.k8.view(-1, Dp), [BN, Dp], gl.int8), ws.k_scale,
-        desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN], gl.float8e4nv),
+        desc(ws.k8.view(-1, Dp), [sub_n, Dp], gl.int8), ws.k_scale,
+        desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, sub_n], gl.float8e4nv),
         ws.v_scale, ws.v_mean,
         tabs["seq"], tabs["work"], tabs["work_indptr"],
         out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,

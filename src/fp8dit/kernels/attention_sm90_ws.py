@@ -29,10 +29,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .attention_sm90 import (
+    I2F_MAGIC,
     I2F_MAGIC_BITS,
+    P_SHIFT,
     _cta_barrier,
     _load_item,
     _p_to_fp8,
+    _row_max,
+    _row_sum,
     _softmax_block,
     _tma_load,
     _v_grid_log2,
@@ -45,6 +49,8 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
               q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr):
+    SUB_N: gl.constexpr = desc_k.block_type.shape[0]
+    HALVES: gl.constexpr = BLOCK_N // SUB_N
     pid = gl.program_id(0)
     w_begin = gl.load(work_indptr_ptr + pid)
     w_end = gl.load(work_indptr_ptr + pid + 1)
@@ -65,10 +71,11 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
             slot = cnt % STAGES
             mbarrier.wait(kv_empty.index(slot), ((cnt // STAGES) & 1) ^ 1)
             bar = kv_full.index(slot)
-            mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-            col0 = kb * BLOCK_N
-            _tma_load(desc_k, [k_row0 + col0, 0], bar, k_bufs.index(slot))
-            _tma_load(desc_v, [v_row, k_pad + col0], bar, v_bufs.index(slot))
+            mbarrier.expect(bar, HALVES * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
+            for half in gl.static_range(HALVES):
+                col0 = kb * BLOCK_N + half * SUB_N
+                _tma_load(desc_k, [k_row0 + col0, 0], bar, k_bufs.index(slot * HALVES + half))
+                _tma_load(desc_v, [v_row, k_pad + col0], bar, v_bufs.index(slot * HALVES + half))
             cnt += 1
         it += 1
 
@@ -138,6 +145,100 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
 
 
 @gluon.jit
+def _scores(s_i, col0, masked, k_len, rows, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+            s_layout: gl.constexpr):
+    """int32 QK accumulator (preset to the magic bits) -> MAGIC + s as fp32, masked columns
+    (from ``col0``) at -inf."""
+    s = s_i.to(gl.float32, bitcast=True)
+    if masked:
+        cols = col0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, s_layout))
+        valid = gl.expand_dims(cols < k_len, 0)
+        if IS_CAUSAL:
+            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+        s = gl.where(valid, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
+              row_layout: gl.constexpr, p_layout: gl.constexpr):
+    """P of one 128-key half (fp8 in the PV dot's A layout, see ``_softmax_block``) and its
+    row sum."""
+    p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
+    l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
+    p = gl.reshape(p, [BLOCK_M, SUB_N // 16, 2, 4, 2])
+    p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, SUB_N])
+    return _p_to_fp8(gl.convert_layout(p, p_layout, assert_trivial=True)), l_part
+
+
+@gluon.jit
+def _magic_preset(like):
+    """A fresh int32 tensor of I2F_MAGIC_BITS for one QK accumulator. Both QK dots of a wide
+    step preset from one shared constant made LLVM use that constant's register as one of
+    the second dot's accumulators, and ptxas then waited for the first dot before issuing
+    the second (C7517, sm_90, triton 3.6); an opaque mov per register keeps them apart."""
+    return gl.inline_asm_elementwise("mov.b32 $0, 0x4B400000;", "=r,r", [like],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a,
+                        p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o,
+                        MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                        s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
+    """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
+    max over the block, both halves' P, two PV dots into a fresh accumulator, and the
+    block's sum folded into the fp32 sum.
+
+    Why: a 256-key step halves the per-key share of the per-step work (max reduction,
+    rescale, fold, barriers, ring bookkeeping), but S then takes 128 registers, and with the
+    previous block's PV in flight next to it (``_consumer_step``'s overlap) the 240-register
+    budget would not hold S, the PV accumulator and the fp32 sum. So the PV dots are waited
+    for within the step (the other warpgroup's softmax covers them). Issuing PV_a before the
+    second half's exponentials does not help: ptxas moves those above the issue, and carrying
+    the second half across the loop's back edge instead spilled 4 KB (sm_90, triton 3.6).
+    """
+    slot = cnt % STAGES
+    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
+    sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
+                           _magic_preset(s_init), is_async=True)
+    sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
+                           _magic_preset(s_init), is_async=True)
+    c = q_scale * gl.load(ks_base + kb)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len, rows,
+                  SUB_N, IS_CAUSAL, s_layout)
+    mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
+    s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N, MASKED, k_len,
+                  rows, SUB_N, IS_CAUSAL, s_layout)
+    mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
+    m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_ref)
+    bias = m_ref - P_SHIFT + I2F_MAGIC * c
+    p8, l_a = _exp_half(s_a, c, bias, BLOCK_M, SUB_N, row_s, p_layout)
+    p_a.store(p8)
+    p8, l_b = _exp_half(s_b, c, bias, BLOCK_M, SUB_N, row_s, p_layout)
+    p_b.store(p8)
+    l_i = l_i * alpha + (l_a + l_b)
+    fence_async_shared()
+    _cta_barrier()
+    acc_tok = warpgroup_mma(p_a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
+                            use_acc=False, is_async=True)
+    acc_tok = warpgroup_mma(p_b, v_bufs.index(2 * slot + 1).permute((1, 0)), acc_tok,
+                            is_async=True)
+    # From block kb-1's frame (max and V grid) to block kb's.
+    step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    acc_m = acc_m * gl.expand_dims(step, 1) + acc
+    # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
+    _cta_barrier()
+    mbarrier.arrive(kv_empty.index(slot))
+    return m_new, l_i, acc_m
+
+
+@gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
               turn, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
               seq_ptr, work_ptr, work_indptr_ptr,
@@ -146,8 +247,12 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
+    # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
+    SUB_N: gl.constexpr = k_bufs.shape[1]
+    WIDE: gl.constexpr = BLOCK_N != SUB_N
+    gl.static_assert(BLOCK_N == SUB_N or BLOCK_N == 2 * SUB_N, "kv block of 1 or 2 dots")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SUB_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DP, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
@@ -155,15 +260,25 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
 
-    s_init = gl.full([BLOCK_M, BLOCK_N], I2F_MAGIC_BITS, gl.int32, s_layout)
+    s_init = gl.full([BLOCK_M, SUB_N], I2F_MAGIC_BITS, gl.int32, s_layout)
     zero_o = gl.zeros([BLOCK_M, DP], gl.float32, o_layout)
     offs_m = gl.arange(0, BLOCK_M, layout=row_s)
     offs_mo = gl.arange(0, BLOCK_M, layout=row_o)
     offs_d = gl.arange(0, DP, layout=col_o)
     q_s = q_smem.index(wg)
-    p_smem = gl.allocate_shared_memory(
-        gl.float8e4nv, [2, BLOCK_M, BLOCK_N],
-        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float8e4nv))
+    # P's buffers: double-buffered across blocks (one dot per block), or the block's two
+    # halves (WIDE: both PV dots are waited for within the block).
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, SUB_N], gl.float8e4nv)
+    if WIDE:
+        # separate allocations: Triton's membar pass puts a barrier between a store and an
+        # async read of one allocation even where the indices differ
+        p_a = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, SUB_N], p_sl)
+        p_b = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, SUB_N], p_sl)
+        p_smem = p_a
+    else:
+        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, SUB_N], p_sl)
+        p_a = p_smem
+        p_b = p_smem
 
     pid = gl.program_id(0)
     w_begin = gl.load(work_indptr_ptr + pid)
@@ -186,69 +301,31 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         q_scale = gl.load(q_scale_ptr + q_row + offs_m)
         rows = row0 + offs_m
         mbarrier.wait(q_full, it & 1)
-
-        # Block kv_lo: QK alone.
-        slot = cnt % STAGES
-        mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-        n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-        s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
-        _pass_turn(turn, wg, PINGPONG)
-        s_i = warpgroup_mma_wait(0, deps=[s_tok])
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-        c = q_scale * gl.load(ks_base + kv_lo)
-        p, m_i, l_i, alpha = _softmax_block(
-            s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
-            BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
-        acc_tok = warpgroup_mma_init(zero_o)
-        acc_m = zero_o  # the fp32 sum (TWO_LEVEL)
-        step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
-        step_prev = step
-        cnt += 1
-
-        hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
-        for kb in range(kv_lo + 1, hi_main):
-            p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
-                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
-                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
-                s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
-                ABLATE_MISC)
-            cnt += 1
-        for kb in range(hi_main, kv_hi):
-            p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
-                kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
-                q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
-                s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
-                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
-                ABLATE_MISC)
-            cnt += 1
-
-        # PV of the last block, then release its slot and the item's Q.
-        last = (cnt - 1) % STAGES
-        p_buf = p_smem.index(cnt % 2)
-        p_buf.store(_p_to_fp8(p))
-        acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        if TWO_LEVEL:
-            acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
-        fence_async_shared()
-        _cta_barrier()
-        mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
-        n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-        if TWO_LEVEL:
-            acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
-                                    use_acc=False, is_async=True)
+        if WIDE:
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+            l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+            acc = zero_o
+            hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo)
+            for kb in range(kv_lo, hi_main):
+                m_i, l_i, acc = _consumer_step_wide(
+                    kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
+                    kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
+                    BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
+                cnt += 1
+            for kb in range(hi_main, kv_hi):
+                m_i, l_i, acc = _consumer_step_wide(
+                    kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
+                    kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
+                    BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
+                cnt += 1
+            mbarrier.arrive(q_empty)
         else:
-            acc = acc * gl.expand_dims(step, 1)
-            acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), acc,
-                                    is_async=True)
-        _pass_turn(turn, wg, PINGPONG)
-        acc = warpgroup_mma_wait(0, deps=[acc_tok])
-        if TWO_LEVEL:
-            acc = acc_m * gl.expand_dims(step, 1) + acc
-        _cta_barrier()
-        mbarrier.arrive(kv_empty.index(last))
-        mbarrier.arrive(q_empty)
+            acc, m_i, l_i, cnt, n_turns = _consumer_item(
+                kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k_bufs, v_bufs,
+                p_smem, kv_full, kv_empty, turn, k_len, rows, s_init, zero_o, wg, TWO_LEVEL,
+                ABLATE_EXP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
+                PINGPONG, ABLATE_MISC)
+            mbarrier.arrive(q_empty)
         it += 1
 
         # partial slots hold 2 * BLOCK_M rows: this warpgroup's half
@@ -257,6 +334,82 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
                     lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
                     offs_m, offs_mo, offs_d, DP, row_o)
+
+
+@gluon.jit
+def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k_bufs, v_bufs,
+                   p_smem, kv_full, kv_empty, turn, k_len, rows, s_init, zero_o,
+                   wg: gl.constexpr, TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                   row_o: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
+    """One work item's kv range in 128-key blocks, PV(kb-1) under softmax(kb): returns the
+    output accumulator (frame of block kv_hi - 1), m, l, and the ring and turn counters."""
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    # Block kv_lo: QK alone.
+    slot = cnt % STAGES
+    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
+    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
+    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
+    _pass_turn(turn, wg, PINGPONG)
+    s_i = warpgroup_mma_wait(0, deps=[s_tok])
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    c = q_scale * gl.load(ks_base + kv_lo)
+    p, m_i, l_i, alpha = _softmax_block(
+        s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
+        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
+    acc_tok = warpgroup_mma_init(zero_o)
+    acc_m = zero_o  # the fp32 sum (TWO_LEVEL)
+    step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
+    step_prev = step
+    cnt += 1
+
+    hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
+    for kb in range(kv_lo + 1, hi_main):
+        p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+            kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+            q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+            s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
+            BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
+            ABLATE_MISC)
+        cnt += 1
+    for kb in range(hi_main, kv_hi):
+        p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+            kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
+            q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
+            s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
+            BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
+            ABLATE_MISC)
+        cnt += 1
+
+    # PV of the last block, then release its slot and the item's Q.
+    last = (cnt - 1) % STAGES
+    p_buf = p_smem.index(cnt % 2)
+    p_buf.store(_p_to_fp8(p))
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    if TWO_LEVEL:
+        acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
+    fence_async_shared()
+    _cta_barrier()
+    mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
+    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
+    if TWO_LEVEL:
+        acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
+                                use_acc=False, is_async=True)
+    else:
+        acc = acc * gl.expand_dims(step, 1)
+        acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), acc,
+                                is_async=True)
+    _pass_turn(turn, wg, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    if TWO_LEVEL:
+        acc = acc_m * gl.expand_dims(step, 1) + acc
+    _cta_barrier()
+    mbarrier.arrive(kv_empty.index(last))
+    return acc, m_i, l_i, cnt, n_turns
+
+
 
 
 @gluon.jit
@@ -276,8 +429,13 @@ def attention_fwd_sm90_ws_kernel(
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, DP], desc_q.layout)
-    k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES, BLOCK_N, DP], desc_k.layout)
-    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES, DP, BLOCK_N], desc_v.layout)
+    # K and V^T tiles of SUB_N (128) keys, one per dot: BLOCK_N // SUB_N per ring slot.
+    SUB_N: gl.constexpr = desc_k.block_type.shape[0]
+    HALVES: gl.constexpr = BLOCK_N // SUB_N
+    k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES * HALVES, SUB_N, DP],
+                                       desc_k.layout)
+    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES * HALVES, DP, SUB_N],
+                                       desc_v.layout)
     kv_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
