@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import triton
 
 from fp8dit import env, launch
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
@@ -65,7 +66,7 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch._triton_release(),))
     gpu = torch.device("cuda", 0)
     default = get_recipe(DEFAULT_RECIPE)
-    n = launch.WS_MIN_KV_TOKENS
+    n = launch.WS_MIN_KV_TOKENS[128]
 
     def choice(head_dim=128, k_len=75600, causal=False, recipe=default, device=gpu):
         return launch.kernel_for(head_dim, k_len, causal, recipe, device)
@@ -73,7 +74,9 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     assert choice() == "gluon-ws"  # Wan 720p
     assert choice(k_len=n) == "gluon-ws"
     assert choice(k_len=n - 1) == "triton"  # Flux-like lengths measured slower on it
-    assert choice(head_dim=64) == "triton"  # CogVideoX
+    assert choice(head_dim=64, k_len=17776) == "gluon-ws"  # CogVideoX
+    assert choice(head_dim=64, k_len=launch.WS_MIN_KV_TOKENS[64] - 1) == "triton"
+    assert choice(head_dim=256) == "triton"  # not written for it
     assert choice(head_dim=72) == "gluon-ws"  # padded to 128
     assert choice(causal=True) == "triton"  # not measured
     assert choice(recipe=get_recipe("int8qk-bf16pv")) == "triton"  # not supported
@@ -95,6 +98,8 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     monkeypatch.delenv("FP8DIT_KERNEL")
     monkeypatch.setattr(launch, "_sm_count", lambda index: 132)
     assert launch.tile_config(128, gpu, "gluon-ws")["block_m"] == 128
+    assert launch.tile_config(128, gpu, "gluon-ws")["block_n"] == launch.WS_TILES[128]["block_n"]
+    assert launch.tile_config(128, gpu, "gluon-ws", is_causal=True)["block_n"] == 128
     assert launch.tile_config(128, gpu, "triton")["block_m"] == 64
 
 
@@ -116,7 +121,7 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
     proc = subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
                           env=environ, timeout=900)
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 8, proc.stderr[-3000:]
+    assert len(reports) == 12, proc.stderr[-3000:]
     for rep in reports:
         assert rep["ok"], rep
         # the unmasked main loop and the masked tail loop (per consumer warpgroup when ws)
@@ -125,8 +130,16 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
             assert loop["igmma"] > 0 and loop["qgmma"] > 0, rep
             # the masked tail loop of the warp-specialized kernel spills a register or two
             # under its 240-register budget (triton 3.6); the main loops must not spill
-            assert loop["spills"] <= 4, rep
+            if not (rep.get("block_n") == 256 and rep["dp"] == 128):
+                assert loop["spills"] <= 4, rep
         main = min(rep["loops"], key=lambda lp: lp["instructions"])
+        if rep.get("block_n") == 256 and rep["dp"] == 128 and triton.__version__[:3] != "3.6":
+            # 256-key steps at D=128 use the 240-register budget to the last register: on the
+            # H200's triton 3.6 the main loops have no spills (benchmarks/NOTES.md, session 6),
+            # other releases allocate differently (3.9: 2-4 in the non-causal main loop, more
+            # causal), and ``auto`` runs this kernel only on the releases it was run on.
+            assert main["spills"] <= (48 if rep["causal"] else 8), rep
+            continue
         assert main["spills"] == 0, rep
         # two programs per SM, or one warp-specialized program
         assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep

@@ -62,13 +62,14 @@ TILE_OVERRIDES: dict[int, dict] = {}
 
 
 # With FP8DIT_KERNEL=auto, the warp-specialized Gluon kernel runs dense non-causal calls at
-# padded head dim 128 whose key sequences reach this length. Measured on the H200 (session 4,
-# benchmarks/NOTES.md), end to end: Wan 480p (32,760 keys) 765 vs 735 TFLOPS for the Triton
-# kernel in one process; Wan 720p (75,600) 787 and HunyuanVideo 720p (119,880) 783 against
-# 730 and 736 for the Triton kernel in an earlier run of the same session; Flux (4,608) 0.72 vs
-# 0.52 ms, slower; between 4,608 and 32,760 not measured.
-# CogVideoX (D=64): a tie (457 vs 458), so D=64 keeps the Triton kernel.
-WS_MIN_KV_TOKENS = 32000
+# padded head dim 64 or 128 whose key sequences reach these lengths (benchmarks/NOTES.md).
+# D=128, with 256-key steps (run s6-1, same process): Wan 720p 836 TFLOPS against 774 for its
+# 128-key loop and 724 for the Triton kernel, Wan 480p (32,760 keys) 814 / 763 / 714,
+# HunyuanVideo 720p 843 / 768 / 726. Flux (4,608 keys) was slower on the 128-key loop (0.72
+# vs 0.52 ms, session 4); between 4,608 and 32,760 not measured.
+# D=64, CogVideoX (17,776 keys): 256-key steps with two ring stages 479 against 461 for the
+# Triton kernel (run s6-1); FP8 itself only runs from ~17k keys at D=64 (dispatch).
+WS_MIN_KV_TOKENS = {64: 16384, 128: 32000}
 # Triton releases (major.minor) on which the warp-specialized kernel has run on a GPU and
 # matched the Triton kernel (benchmarks/gpu_gluon.py --parts check). Gluon is experimental
 # and changes between releases; on others it compiles for sm_90 in CI at best, so ``auto``
@@ -94,7 +95,8 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
     if kernel != "auto":
         return kernel
     recipe = recipe if recipe is not None else get_recipe(None)
-    if (padded_head_dim(head_dim) == 128 and max_k_len >= WS_MIN_KV_TOKENS and not is_causal
+    dp = padded_head_dim(head_dim)
+    if (dp in WS_MIN_KV_TOKENS and max_k_len >= WS_MIN_KV_TOKENS[dp] and not is_causal
             and recipe.qk == "int8" and recipe.qk_terms == 1 and recipe.pv == "fp8"
             and _gluon_ws_possible(device)
             and _triton_release() in WS_VERIFIED_TRITON
@@ -113,19 +115,28 @@ TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 
 # The warp-specialized kernel's kv block (keys per loop step: 128, or 256 as two dots of 128)
 # and its ring depth, per padded head dim.
+# 256 keys (run s6-1): +8-10% at D=128 over 128-key steps with PV under the next softmax;
+# at D=64 a tie with three stages, +4% with two. Shared memory: D=128 two stages 176 KB.
 WS_TILES: dict[int, dict] = {
+    64: dict(block_n=256, sm90_stages=2),
+    128: dict(block_n=256, sm90_stages=2),
+}
+# Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
+# loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
+WS_CAUSAL_TILES: dict[int, dict] = {
     64: dict(block_n=128, sm90_stages=3),
     128: dict(block_n=128, sm90_stages=3),
 }
 
 
 def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None,
-                recipe: Recipe | None = None) -> dict:
+                recipe: Recipe | None = None, is_causal: bool = False) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here).
 
     ``kernel``: what ``kernel_for`` chose; None reads ``FP8DIT_KERNEL`` (``auto`` gives the
     Triton kernel's tiles when the call's shape is not known). ``recipe``: the call's; a
-    two-term one takes ``TWO_TERM_TILES`` (it never runs a Gluon kernel)."""
+    two-term one takes ``TWO_TERM_TILES`` (it never runs a Gluon kernel). ``is_causal``: the
+    warp-specialized kernel keeps 128-key steps for causal calls (``WS_CAUSAL_TILES``)."""
     # Measured on an H200 (benchmarks/NOTES.md, 2026-12-02): 64-row query tiles, 4 warps and two
     # programs per SM beat 128-row tiles with 8 warps by 1.2-1.3x at Wan 720p (741 vs 583
     # TFLOPS). D=64 (CogVideoX): three programs per SM, registers capped at 168 and two stages
@@ -137,7 +148,7 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None =
     if head_dim_padded in (64, 128) and kernel == "gluon-ws" and _gluon_ws_possible(device):
         # the warp-specialized kernel: 128-row work items, one program (3 partitions) per SM
         cfg = dict(block_m=128, num_warps=4, num_stages=2, programs_per_sm=1,
-                   **WS_TILES[head_dim_padded])
+                   **(WS_CAUSAL_TILES if is_causal else WS_TILES)[head_dim_padded])
     elif head_dim_padded >= 256:
         cfg = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
     elif head_dim_padded <= 64:
@@ -170,7 +181,7 @@ def plan_for(
     default), which decides with the shape which kernel runs (``kernel_for``)."""
     dp = padded_head_dim(head_dim)
     kernel = kernel_for(dp, max((int(x) for x in k_lens), default=0), is_causal, recipe, device)
-    cfg = tile_config(dp, device, kernel, recipe)
+    cfg = tile_config(dp, device, kernel, recipe, is_causal)
     cfg["kernel"] = kernel  # what use_gluon_sm90 reads at launch
     key = PlanKey(
         q_lens=tuple(int(x) for x in q_lens),

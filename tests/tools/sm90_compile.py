@@ -68,7 +68,8 @@ def _spills(body: list[str]) -> int:
 
 
 def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
-                           extra: dict | None = None) -> dict:
+                           extra: dict | None = None, block_n: int = 128,
+                           stages: int = 3) -> dict:
     """Compile ``kernels.attention_sm90`` (``ws``: ``attention_sm90_ws``) for sm_90 and describe
     its kv loops' SASS.
 
@@ -82,7 +83,8 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
 
     from fp8dit.kernels import attention_sm90, attention_sm90_ws
 
-    bm, bn = 64, 128
+    # ``block_n`` (ws only): keys per kv step; 256 runs as two dots over 128-key tiles
+    bm, bn = 64, min(block_n, 128)
     kernel = (attention_sm90_ws.attention_fwd_sm90_ws_kernel if ws
               else attention_sm90.attention_fwd_sm90_kernel)
 
@@ -95,7 +97,8 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
         desc_v=desc("fp8e4nv", gl.float8e4nv, [dp, bn]),
         seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
     )
-    const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, STAGES=3, num_warps=4)
+    const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=block_n, IS_CAUSAL=causal, STAGES=stages,
+                 num_warps=4)
     if ws:
         const.update(CONSUMER_REGS=240, TWO_LEVEL=True, **(extra or {}))
     params = inspect.signature(kernel.fn).parameters
@@ -110,7 +113,8 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out = {"dp": dp, "causal": causal, "ws": ws, "shared": ck.metadata.shared, "loops": []}
+    out = {"dp": dp, "causal": causal, "ws": ws, "block_n": block_n,
+           "shared": ck.metadata.shared, "loops": []}
     for body in mma_loops(_disassemble(ck.asm["cubin"])):
         waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
         under = 0
@@ -130,13 +134,17 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
 
 def main(path: str) -> int:
     if path == "--gluon":
-        for ws in (False, True):
+        # (warp-specialized, kv block): the one-warpgroup kernel, the ws kernel's 128-key
+        # loop, and its 256-key steps (ring depth as launch.WS_TILES would give it)
+        for ws, block_n in ((False, 128), (True, 128), (True, 256)):
             for dp in (64, 128):
+                stages = 2 if block_n == 256 else 3  # as launch.WS_TILES
                 for causal in (False, True):
                     try:
-                        rep = dict(ok=True, **gluon_attention_report(dp, causal, ws))
+                        rep = dict(ok=True, **gluon_attention_report(
+                            dp, causal, ws, block_n=block_n, stages=stages))
                     except Exception as e:  # noqa: BLE001 - reported to the test
-                        rep = dict(ok=False, dp=dp, causal=causal, ws=ws,
+                        rep = dict(ok=False, dp=dp, causal=causal, ws=ws, block_n=block_n,
                                    error=f"{type(e).__name__}: {str(e)[:2000]}")
                     print(json.dumps(rep), flush=True)
         return 0

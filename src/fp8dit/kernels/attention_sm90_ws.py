@@ -10,6 +10,13 @@ benchmarks/NOTES.md session 4), so it is off by default. Inside a warpgroup the 
 block j runs under the PV dot of block j-1 (see :mod:`fp8dit.kernels.attention_sm90` for that
 loop, reused here).
 
+With ``BLOCK_N`` = 256 (the default for long calls, ``launch.WS_TILES``) a loop step covers 256
+keys as two dots of 128 over two 128-key K and V^T tiles per ring slot, and both PV dots are
+waited for inside the step (``_consumer_step_wide``): per key, half the max reductions,
+rescales, folds, barriers and ring bookkeeping of the 128-key loop, at the cost of the
+in-warpgroup PV overlap, which the 240-register budget cannot keep next to 128 registers of
+S. On the H200 it runs 8-10% faster at D=128 (benchmarks/NOTES.md, session 6).
+
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count)
     kv_empty[s]  consumers -> producer: both warpgroups are done with slot s (count 2)
