@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -56,20 +57,26 @@ def kernel(name):
 
 
 KERNELS = ("gluon-ws", "gluon", "triton")
+# name -> setup: what the check and drift parts compare; "triton" is the reference and its
+# setup also restores the defaults afterwards (benchmarks/gpu_wide.py passes tilings instead)
+VARIANTS = {name: functools.partial(kernel, name) for name in KERNELS}
+REF = "triton"
 
 
-def each_kernel(fn):
-    """fn() under each kernel: {'gluon-ws': ..., 'gluon': ..., 'triton': ...}."""
+def each_kernel(fn, variants=None):
+    """fn() under each variant (default: each kernel): {'gluon-ws': ..., 'triton': ...}."""
+    variants = variants or VARIANTS
     res = {}
-    for name in KERNELS:
-        kernel(name)
+    for name, setup in variants.items():
+        setup()
         res[name] = fn()
         torch.cuda.synchronize()
-    kernel("triton")
+    variants[REF]()
     return res
 
 
-def part_check():
+def part_check(variants=None):
+    variants = variants or VARIANTS
     cases = [
         # name, B, H, Hkv, Sq, Sk, D, causal, family, splits
         ("wan-like", 1, 4, 4, 8192, 8192, 128, False, "normal", None),
@@ -82,7 +89,9 @@ def part_check():
         ("cross", 1, 4, 4, 3000, 512, 128, False, "normal", None),
         ("causal", 1, 2, 2, 1000, 1000, 128, True, "normal", None),
         ("split3", 1, 2, 2, 4096, 4096, 128, False, "normal", 3),
+        ("split3-d64", 1, 2, 2, 4000, 4000, 64, False, "normal", 3),
         ("d64-cog", 1, 4, 4, 4096, 4096, 64, False, "dit", None),
+        ("d64-odd", 1, 3, 3, 4500, 4500, 64, False, "normal", None),
     ]
     for name, B, H, Hkv, Sq, Sk, D, causal, family, splits in cases:
         q, _, _ = make_qkv(B, H, Sq, D, Hkv=Hkv, Sk=Sk, family=family, device="cuda", seed=1)
@@ -91,22 +100,24 @@ def part_check():
         rec = {}
         try:
             outs = each_kernel(lambda q=q, k=k, v=v, c=causal, n=splits: fp8dit.attention(
-                q, k, v, backend="fp8", is_causal=c, num_splits=n, return_lse=True))
-            for kname in KERNELS:
-                kernel(kname)
+                q, k, v, backend="fp8", is_causal=c, num_splits=n, return_lse=True), variants)
+            for kname, setup in variants.items():
+                setup()
                 plan, _ = launch.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
                                           num_kv_heads=Hkv, head_dim=D, is_causal=causal,
                                           device=q.device, num_splits=splits)
                 rec[f"{kname}_used"] = launch.use_gluon_sm90(
                     plan, fp8dit.recipes.get_recipe(None), q.device)
-            kernel("triton")
+            variants[REF]()
             for kname, (o, lse) in outs.items():
                 st = error_stats(o, ref)
                 rec[kname] = dict(rel_l1=st.rel_l1, cos=st.cos, nan=st.nan,
                                   lse_max=(lse.double() - lse_ref).abs().max().item())
-            ot = outs["triton"][0].float()
-            for kname in ("gluon", "gluon-ws"):
-                rec[f"{kname}_vs_triton_max_abs"] = (outs[kname][0].float() - ot).abs().max().item()
+            ot = outs[REF][0].float()
+            for kname in outs:
+                if kname != REF:
+                    rec[f"{kname}_vs_{REF}_max_abs"] = \
+                        (outs[kname][0].float() - ot).abs().max().item()
         except Exception as e:  # noqa: BLE001 - a failure is a result
             rec["error"] = f"{type(e).__name__}: {e}"[:400]
         record(part="check", case=name, shape=[B, H, Hkv, Sq, Sk, D], causal=causal,
@@ -121,11 +132,12 @@ def part_check():
     ref = attention_varlen_ref(q, k, v, cu, cu)
     try:
         outs = each_kernel(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
-                                                    backend="fp8"))
+                                                    backend="fp8"), variants)
         rec = {kname: error_stats(o, ref).rel_l1 for kname, o in outs.items()}
-        for kname in ("gluon", "gluon-ws"):
-            diff = (outs[kname].float() - outs["triton"].float()).abs().max().item()
-            rec[f"{kname}_vs_triton_max_abs"] = diff
+        for kname in outs:
+            if kname != REF:
+                diff = (outs[kname].float() - outs[REF].float()).abs().max().item()
+                rec[f"{kname}_vs_{REF}_max_abs"] = diff
     except Exception as e:  # noqa: BLE001
         rec = {"error": f"{type(e).__name__}: {e}"[:400]}
     record(part="check", case="varlen-empty", lens=lens, **rec)
@@ -140,7 +152,10 @@ PRESETS = {
 }
 
 
-def part_speed(names=None):
+def part_speed(names=None, variants=None, sequence=("gluon-ws", "triton", "gluon-ws")):
+    """``sequence``: the variants timed, in order (one timed before and after the others
+    shows drift during the run)."""
+    variants = variants or VARIANTS
     for name, (B, H, S, D) in PRESETS.items():
         if names and name not in names:
             continue
@@ -150,8 +165,8 @@ def part_speed(names=None):
         cud = bench(cudnn_fn(nxt), est)
         record(part="speed", preset=name, backend="sdpa-cudnn", ms=cud,
                tflops=tflops(B, H, S, D, cud))
-        for kname in ("gluon-ws", "triton", "gluon-ws"):
-            kernel(kname)
+        for kname in sequence:
+            variants[kname]()
             run = fp8_fn(nxt, None)
             try:
                 run()
@@ -162,7 +177,7 @@ def part_speed(names=None):
             except Exception as e:  # noqa: BLE001
                 record(part="speed", preset=name, backend=f"fp8dit[{kname}]",
                        error=f"{type(e).__name__}: {e}"[:400])
-        kernel("triton")
+        variants[REF]()
         cud2 = bench(cudnn_fn(nxt), est)
         record(part="speed", preset=name, backend="sdpa-cudnn-again", ms=cud2,
                tflops=tflops(B, H, S, D, cud2))
@@ -252,15 +267,15 @@ def part_stages(only=None):
     kernel("triton")
 
 
-def part_drift():
+def part_drift(variants=None, lengths=(8192, 65536, 200000)):
     D = 128
     for family in ("normal", "dit"):
-        for S in (8192, 65536, 200000):
+        for S in lengths:
             q, k, v = make_qkv(1, 2, S, D, device="cuda", family=family, seed=S)
             rows = torch.randperm(S, device="cuda")[:1024]
             ref, lse_ref = attention_ref_rows(q, k, v, rows)
             outs = each_kernel(lambda q=q, k=k, v=v: fp8dit.attention(q, k, v, backend="fp8",
-                                                               return_lse=True))
+                                                               return_lse=True), variants)
             for kname, (out, lse) in outs.items():
                 st = error_stats(out[0, rows], ref)
                 lerr = (lse[0][:, rows].double() - lse_ref).abs()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -28,21 +29,15 @@ import triton
 
 import fp8dit
 from fp8dit import launch
-from fp8dit.testing import (
-    attention_ref,
-    attention_ref_rows,
-    attention_varlen_ref,
-    error_stats,
-    make_qkv,
-)
+from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_gluon import PRESETS  # noqa: E402
-from gpu_variants import bench, cudnn_fn, fp8_fn, rotated, tflops  # noqa: E402
+import gpu_gluon  # noqa: E402
+from gpu_gluon import ROWS, record  # noqa: E402
 
-ROWS = []
 DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
-# name -> (kernel, WS_TILES entries)
+# name -> (kernel, WS_TILES entries); "triton" last: gpu_gluon's reference, whose setup also
+# restores the default tiles
 TILINGS = {
     "ws128": ("gluon-ws", {64: dict(block_n=128, sm90_stages=3),
                            128: dict(block_n=128, sm90_stages=3)}),
@@ -52,11 +47,6 @@ TILINGS = {
 }
 
 
-def record(**kw):
-    ROWS.append(kw)
-    print(json.dumps(kw), flush=True)
-
-
 def use(tiling):
     kname, tiles = TILINGS[tiling]
     os.environ["FP8DIT_KERNEL"] = kname
@@ -64,113 +54,20 @@ def use(tiling):
     launch.WS_TILES.update({dp: dict(t) for dp, t in tiles.items()})
 
 
-def each(fn):
-    out = {}
-    for t in TILINGS:
-        use(t)
-        out[t] = fn()
-        torch.cuda.synchronize()
-    use("triton")
-    return out
+VARIANTS = {t: functools.partial(use, t) for t in TILINGS}
 
 
 def part_check():
-    cases = [
-        # name, B, H, Hkv, Sq, Sk, D, causal, family, splits
-        ("wan-like", 1, 4, 4, 8192, 8192, 128, False, "normal", None),
-        ("dit-like", 1, 4, 4, 8192, 8192, 128, False, "dit", None),
-        ("odd-1000", 2, 3, 3, 1000, 1000, 128, False, "normal", None),
-        ("odd-113-d64", 1, 2, 2, 113, 113, 64, False, "normal", None),
-        ("s1", 1, 2, 2, 1, 1, 128, False, "normal", None),
-        ("d72", 1, 2, 2, 777, 777, 72, False, "normal", None),
-        ("gqa", 1, 8, 2, 2048, 2048, 128, False, "normal", None),
-        ("cross", 1, 4, 4, 3000, 512, 128, False, "normal", None),
-        ("causal", 1, 2, 2, 1000, 1000, 128, True, "normal", None),
-        ("split3", 1, 2, 2, 4096, 4096, 128, False, "normal", 3),
-        ("split3-d64", 1, 2, 2, 4000, 4000, 64, False, "normal", 3),
-        ("d64-cog", 1, 4, 4, 4096, 4096, 64, False, "dit", None),
-        ("d64-odd", 1, 3, 3, 4500, 4500, 64, False, "normal", None),
-    ]
-    for name, B, H, Hkv, Sq, Sk, D, causal, family, splits in cases:
-        q, _, _ = make_qkv(B, H, Sq, D, Hkv=Hkv, Sk=Sk, family=family, device="cuda", seed=1)
-        _, k, v = make_qkv(B, H, Sq, D, Hkv=Hkv, Sk=Sk, family=family, device="cuda", seed=2)
-        ref, lse_ref = attention_ref(q, k, v, is_causal=causal, return_lse=True)
-        rec = {}
-        try:
-            outs = each(lambda q=q, k=k, v=v, c=causal, n=splits: fp8dit.attention(
-                q, k, v, backend="fp8", is_causal=c, num_splits=n, return_lse=True))
-            for t, (o, lse) in outs.items():
-                st = error_stats(o, ref)
-                rec[t] = dict(rel_l1=round(st.rel_l1, 5), cos=round(st.cos, 6), nan=st.nan,
-                              lse_max=(lse.double() - lse_ref).abs().max().item())
-            ot = outs["triton"][0].float()
-            for t in ("ws128", "ws256"):
-                rec[f"{t}_vs_triton_max_abs"] = (outs[t][0].float() - ot).abs().max().item()
-        except Exception as e:  # noqa: BLE001 - a failure is a result
-            rec["error"] = f"{type(e).__name__}: {e}"[:400]
-        record(part="check", case=name, shape=[B, H, Hkv, Sq, Sk, D], causal=causal,
-               family=family, splits=splits, **rec)
-    lens = [300, 0, 2000, 129]
-    T, H, D = sum(lens), 4, 128
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
-               for _ in range(3))
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
-    ref = attention_varlen_ref(q, k, v, cu, cu)
-    try:
-        outs = each(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
-                                                    backend="fp8"))
-        rec = {t: round(error_stats(o, ref).rel_l1, 5) for t, o in outs.items()}
-    except Exception as e:  # noqa: BLE001
-        rec = {"error": f"{type(e).__name__}: {e}"[:400]}
-    record(part="check", case="varlen-empty", lens=lens, **rec)
-
-
-def part_speed():
-    order = ["wan2.2-a14b-720p", "wan-480p", "hunyuanvideo-720p", "cogvideox-5b"]
-    for name in order:
-        B, H, S, D = PRESETS[name]
-        sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
-        nxt = rotated(sets)
-        est = 4 * B * H * S * S * D / 700e12 * 1e3
-        cud = bench(cudnn_fn(nxt), est)
-        record(part="speed", preset=name, backend="sdpa-cudnn", ms=cud,
-               tflops=tflops(B, H, S, D, cud))
-        for t in ("ws128", "ws256", "triton", "ws256", "ws128"):
-            use(t)
-            run = fp8_fn(nxt, None)
-            try:
-                run()
-                torch.cuda.synchronize()
-                ms = bench(run, est)
-                record(part="speed", preset=name, backend=f"fp8dit[{t}]", ms=ms,
-                       tflops=tflops(B, H, S, D, ms), vs_cudnn=cud / ms)
-            except Exception as e:  # noqa: BLE001
-                record(part="speed", preset=name, backend=f"fp8dit[{t}]",
-                       error=f"{type(e).__name__}: {e}"[:400])
-        use("triton")
-        cud2 = bench(cudnn_fn(nxt), est)
-        record(part="speed", preset=name, backend="sdpa-cudnn-again", ms=cud2,
-               tflops=tflops(B, H, S, D, cud2))
-        del sets, nxt
-        torch.cuda.empty_cache()
+    gpu_gluon.part_check(VARIANTS)
 
 
 def part_drift():
-    for family in ("normal", "dit"):
-        for S in (8192, 200000):
-            q, k, v = make_qkv(1, 2, S, 128, device="cuda", family=family, seed=S)
-            rows = torch.randperm(S, device="cuda")[:1024]
-            ref, lse_ref = attention_ref_rows(q, k, v, rows)
-            outs = each(lambda q=q, k=k, v=v: fp8dit.attention(q, k, v, backend="fp8",
-                                                               return_lse=True))
-            for t, (out, lse) in outs.items():
-                st = error_stats(out[0, rows], ref)
-                lerr = (lse[0][:, rows].double() - lse_ref).abs()
-                record(part="drift", family=family, S=S, tiling=t, rel_l1=st.rel_l1,
-                       cos=st.cos, lse_max_err=lerr.max().item())
-            del q, k, v
-            torch.cuda.empty_cache()
+    gpu_gluon.part_drift(VARIANTS, lengths=(8192, 200000))
+
+
+def part_speed():
+    gpu_gluon.part_speed(["wan2.2-a14b-720p", "wan-480p", "hunyuanvideo-720p", "cogvideox-5b"],
+                         VARIANTS, ("ws128", "ws256", "triton", "ws256", "ws128"))
 
 
 def part_repeat():

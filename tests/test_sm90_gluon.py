@@ -121,25 +121,23 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
     proc = subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
                           env=environ, timeout=900)
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 12, proc.stderr[-3000:]
+    assert len(reports) == 10, proc.stderr[-3000:]
     for rep in reports:
         assert rep["ok"], rep
         # the unmasked main loop and the masked tail loop (per consumer warpgroup when ws)
         assert len(rep["loops"]) == (4 if rep["ws"] else 2), rep
+        # 256-key steps at D=128 use the 240-register budget to the last register: with the
+        # H200's triton 3.6 their main loops have no spills (benchmarks/NOTES.md, session 6);
+        # other releases allocate differently (3.9: 2-4 in the main loop, 4-5 in the tail),
+        # and ``auto`` runs the Gluon kernel only on releases it has run on.
+        wide_d128_elsewhere = (rep.get("block_n") == 256 and rep["dp"] == 128
+                               and triton.__version__[:3] != "3.6")
         for loop in rep["loops"]:
             assert loop["igmma"] > 0 and loop["qgmma"] > 0, rep
             # the masked tail loop of the warp-specialized kernel spills a register or two
             # under its 240-register budget (triton 3.6); the main loops must not spill
-            if not (rep.get("block_n") == 256 and rep["dp"] == 128):
-                assert loop["spills"] <= 4, rep
+            assert loop["spills"] <= (5 if wide_d128_elsewhere else 4), rep
         main = min(rep["loops"], key=lambda lp: lp["instructions"])
-        if rep.get("block_n") == 256 and rep["dp"] == 128 and triton.__version__[:3] != "3.6":
-            # 256-key steps at D=128 use the 240-register budget to the last register: on the
-            # H200's triton 3.6 the main loops have no spills (benchmarks/NOTES.md, session 6),
-            # other releases allocate differently (3.9: 2-4 in the non-causal main loop, more
-            # causal), and ``auto`` runs this kernel only on the releases it was run on.
-            assert main["spills"] <= (48 if rep["causal"] else 8), rep
-            continue
-        assert main["spills"] == 0, rep
+        assert main["spills"] <= (4 if wide_d128_elsewhere else 0), rep
         # two programs per SM, or one warp-specialized program
         assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep

@@ -85,6 +85,31 @@ def _row_sum(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.con
 
 
 @gluon.jit
+def _scores(s_i, col0, masked, k_len, rows, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+            s_layout: gl.constexpr):
+    """The int32 QK accumulator (preset to I2F_MAGIC_BITS) as the floats MAGIC + s; with
+    ``masked``, columns from ``col0`` past ``k_len`` (and above the diagonal) at -inf."""
+    s = s_i.to(gl.float32, bitcast=True)
+    if masked:
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        valid = gl.expand_dims(cols < k_len, 0)
+        if IS_CAUSAL:
+            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+        s = gl.where(valid, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _to_a_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, p_layout: gl.constexpr):
+    """S-accumulator-layout P as the PV dot's A operand: a relabeling. Accumulator column
+    16a + 8h + 2c + e sits in the register the A operand reads as k = 16a + 4c + 2h + e; V^T
+    was stored in that order (kv_perm16)."""
+    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
+    p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])
+    return gl.convert_layout(p, p_layout, assert_trivial=True)
+
+
+@gluon.jit
 def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    s_layout: gl.constexpr, p_layout: gl.constexpr,
@@ -97,18 +122,11 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
 
     ``s_i`` holds the int32 dot plus I2F_MAGIC_BITS, i.e. the float MAGIC + s exactly.
     """
-    s = s_i.to(gl.float32, bitcast=True)
     if ABLATE_EXP >= 2:
         alpha = gl.full_like(m_i, 1.0)
-        p = gl.reshape(s, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
-        p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])
-        return gl.convert_layout(p, p_layout, assert_trivial=True), m_i, l_i, alpha
-    if masked:
-        cols = kb * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        valid = gl.expand_dims(cols < k_len, 0)
-        if IS_CAUSAL:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
-        s = gl.where(valid, s, float("-inf"))
+        p = _to_a_operand(s_i.to(gl.float32, bitcast=True), BLOCK_M, BLOCK_N, p_layout)
+        return p, m_i, l_i, alpha
+    s = _scores(s_i, kb * BLOCK_N, masked, k_len, rows, BLOCK_N, IS_CAUSAL, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_new = gl.maximum(m_i, (_row_max(s, BLOCK_M, BLOCK_N, row_layout) - I2F_MAGIC) * c)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -120,13 +138,7 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
         p = gl.exp2(x)
     if (ABLATE_MISC & 4) == 0:
         l_i = l_i * alpha + _row_sum(p, BLOCK_M, BLOCK_N, row_layout)
-    # Accumulator column 16a + 8h + 2c + e sits in the register the A operand reads as
-    # k = 16a + 4c + 2h + e; V^T was stored in that order (kv_perm16), so this is a relabeling.
-    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
-    p = gl.permute(p, [0, 1, 3, 2, 4])
-    p = gl.reshape(p, [BLOCK_M, BLOCK_N])
-    p = gl.convert_layout(p, p_layout, assert_trivial=True)
-    return p, m_new, l_i, alpha
+    return _to_a_operand(p, BLOCK_M, BLOCK_N, p_layout), m_new, l_i, alpha
 
 
 @gluon.jit

@@ -44,8 +44,10 @@ from .attention_sm90 import (
     _p_to_fp8,
     _row_max,
     _row_sum,
+    _scores,
     _softmax_block,
     _tma_load,
+    _to_a_operand,
     _v_grid_log2,
     _write_rows,
 )
@@ -152,30 +154,13 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
 
 
 @gluon.jit
-def _scores(s_i, col0, masked, k_len, rows, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-            s_layout: gl.constexpr):
-    """int32 QK accumulator (preset to the magic bits) -> MAGIC + s as fp32, masked columns
-    (from ``col0``) at -inf."""
-    s = s_i.to(gl.float32, bitcast=True)
-    if masked:
-        cols = col0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, s_layout))
-        valid = gl.expand_dims(cols < k_len, 0)
-        if IS_CAUSAL:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
-        s = gl.where(valid, s, float("-inf"))
-    return s
-
-
-@gluon.jit
 def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
               row_layout: gl.constexpr, p_layout: gl.constexpr):
     """P of one 128-key half (fp8 in the PV dot's A layout, see ``_softmax_block``) and its
     row sum."""
     p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
     l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
-    p = gl.reshape(p, [BLOCK_M, SUB_N // 16, 2, 4, 2])
-    p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, SUB_N])
-    return _p_to_fp8(gl.convert_layout(p, p_layout, assert_trivial=True)), l_part
+    return _p_to_fp8(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), l_part
 
 
 @gluon.jit
@@ -415,8 +400,6 @@ def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k
     _cta_barrier()
     mbarrier.arrive(kv_empty.index(last))
     return acc, m_i, l_i, cnt, n_turns
-
-
 
 
 @gluon.jit
