@@ -44,6 +44,59 @@ def test_kv_perm16_stores_v_in_the_p_register_order():
                            getattr(plain, name).view(torch.uint8)), name
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+def test_256_key_blocks_quantize_k_per_128_keys_and_fill_empty_halves(monkeypatch):
+    """The warp-specialized kernel's 256-key blocks: K keeps one scale per 128 keys (the same
+    int8 values and scales as 128-key blocks), V's grid factor follows the 256-key block, and
+    the empty second half of the last block is written (zeros), never left uninitialized."""
+    S, D = 300, 128  # the last 256-key block holds 44 keys: its second half is empty
+
+    def ws_for(block_n):
+        monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=block_n))
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
+        plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
+                                  head_dim=D, is_causal=False, device=q.device)
+        st = launch._bthd_strides(q, "NHD")
+        # poison the workspace memory the quantizer must overwrite
+        monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
+        try:
+            ws = launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
+                                       v, st, kv_perm16=True)
+        finally:
+            monkeypatch.undo()
+        return plan, ws, v
+
+    plan128, ws128, v = ws_for(128)
+    plan256, ws256, _ = ws_for(256)
+    assert plan256.key.block_n == 256 and plan256.k_total_padded == 512
+    assert torch.equal(ws256.k_scale[:, :3], ws128.k_scale[:, :3])
+    assert torch.equal(ws256.k8[:, :S].view(torch.uint8), ws128.k8[:, :S].view(torch.uint8))
+    v8 = ws256.v8t.float()  # [Hkv, D, T_pad], kv index permuted in groups of 16
+    j = torch.arange(plan256.k_total_padded)
+    col = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)  # token -> column
+    assert torch.isfinite(v8).all()
+    assert torch.equal(v8[:, :, col[S:]], torch.zeros_like(v8[:, :, col[S:]]))
+    # dequantized V matches V - mean with the 256-key block's grid factor
+    from fp8dit.testing import _v_block_log2_scale
+
+    grid = torch.exp2(_v_block_log2_scale(S, 256, "cpu"))
+    deq = v8[0][:, col[:S]] * ws256.v_scale[0, 0][:, None] * grid[None, :]
+    ref = v[0, :, 0].float().T - ws256.v_mean[0, 0][:, None]
+    assert (deq - ref).abs().max() <= 0.07 * ref.abs().max()
+
+
+def _poisoned(empty):
+    def f(*shape, **kw):
+        t = empty(*shape, **kw)
+        if t.dtype.is_floating_point:
+            t.fill_(float("nan"))
+        elif t.dtype == torch.int8:
+            t.fill_(-128)
+        return t
+    return f
+
+
 def test_kernel_choice_is_auto_by_default_and_named_kernels_are_checked(monkeypatch):
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
     assert env.attention_kernel() == "auto"

@@ -197,21 +197,24 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                            _magic_preset(s_init), is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
                            _magic_preset(s_init), is_async=True)
-    c = q_scale * gl.load(ks_base + kb)
+    # K has one scale per 128 keys (the quantizer's sub-blocks): one per half
+    c_a = q_scale * gl.load(ks_base + 2 * kb)
+    c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len, rows,
                   SUB_N, IS_CAUSAL, s_layout)
-    mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
+    m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
     s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
-    mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
-    m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c)
+    m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
+    m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
-    bias = m_ref - P_SHIFT + I2F_MAGIC * c
-    p8, l_a = _exp_half(s_a, c, bias, BLOCK_M, SUB_N, row_s, p_layout)
+    p8, l_a = _exp_half(s_a, c_a, m_ref - P_SHIFT + I2F_MAGIC * c_a, BLOCK_M, SUB_N, row_s,
+                        p_layout)
     p_a.store(p8)
-    p8, l_b = _exp_half(s_b, c, bias, BLOCK_M, SUB_N, row_s, p_layout)
+    p8, l_b = _exp_half(s_b, c_b, m_ref - P_SHIFT + I2F_MAGIC * c_b, BLOCK_M, SUB_N, row_s,
+                        p_layout)
     p_b.store(p8)
     l_i = l_i * alpha + (l_a + l_b)
     fence_async_shared()
@@ -285,7 +288,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
          k_blk) = _load_item(work_ptr, seq_ptr, w, group)
         row0 = qt * (2 * BLOCK_M) + wg * BLOCK_M
         q_row = h * Tq_pad + q_pad + row0
-        ks_base = k_scale_ptr + hk * n_kblocks + k_blk
+        # K scales per 128 keys: kv blocks of 256 keys have two (``n_kblocks`` counts scales)
+        ks_base = k_scale_ptr + hk * n_kblocks + k_blk * (BLOCK_N // SUB_N)
         hi_fast = k_len // BLOCK_N
         if IS_CAUSAL:
             # the whole 128-row item shares one kv range: mask from the first row of the item

@@ -199,9 +199,13 @@ def quantize_kv_kernel(
     DP: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
-    k8lo_ptr=None, TWO_TERM: tl.constexpr = False,
+    k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
+
+    ``SUBBLOCKS``: the attention kernel's kv blocks hold this many of these blocks (its 256-key
+    steps, two of 128): K keeps one scale per ``BLOCK_N`` tokens (``n_kblocks`` counts
+    scales), V's grid factor follows the attention kernel's block.
 
     ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
     column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
@@ -219,7 +223,9 @@ def quantize_kv_kernel(
     k_src = tl.load(seq_ptr + b * 8 + 3)
     k_pad = tl.load(seq_ptr + b * 8 + 5)
     k_blk = tl.load(seq_ptr + b * 8 + 6)
-    if blk * BLOCK_N < k_len:
+    # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
+    # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN.
+    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N) < k_len:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
         stat = (b * Hkv + h) * DP + offs_d
@@ -253,7 +259,7 @@ def quantize_kv_kernel(
             tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
         k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
         tl.store(k8_ptr + k_at, k8)
-        tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk, k_scale)
+        tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
 
         v = tl.load(
             v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
@@ -266,7 +272,7 @@ def quantize_kv_kernel(
         else:
             # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention kernel
             # multiplies P by it): see v_block_log2_scale.
-            inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk)))
+            inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
             vc = tl.where(m, (v - v_mean[None, :]) * inv[None, :], 0.0)
             v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
         if KV_PERM16:
