@@ -121,6 +121,8 @@ WS_TILES: dict[int, dict] = {
     64: dict(block_n=256, sm90_stages=2),
     128: dict(block_n=256, sm90_stages=2),
 }
+# Keys per K scale where kv blocks are longer (benchmarks set 256 to compare).
+K_SCALE_KEYS = 128
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {
@@ -216,6 +218,7 @@ class Workspace:
     part_lse: torch.Tensor  # [n_partials, BLOCK_M] fp32
     qk_int8: bool
     pv_bf16: bool = False
+    k_sub: int = 1  # K scales per kv block (2: one per 128 keys of a 256-key block)
     # recipes with qk_terms=2: the int8 rounding residuals of q8 and k8 (same layouts)
     q8lo: torch.Tensor | None = None
     k8lo: torch.Tensor | None = None
@@ -292,7 +295,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     # keys (the warp-specialized kernel's wide steps) take two. Measured on the H200 (session
     # 6): with one scale per 256 keys the DiT-like rel-L1 rose from 0.0148 to 0.0154 and the
     # quantization at Wan 720p from 2.5 to 3.7 ms (programs of 256 rows and 32 warps).
-    k_sub = BN // 128 if BN > 128 else 1
+    k_sub = BN // K_SCALE_KEYS if BN > K_SCALE_KEYS else 1
     qbn = BN // k_sub
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
@@ -307,7 +310,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         part_o=torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32),
         part_lse=torch.empty(max(plan.n_partials, 1), BM, device=dev, dtype=f32),
         qk_int8=qk_int8,
-        pv_bf16=pv_bf16,
+        pv_bf16=pv_bf16, k_sub=k_sub,
     )
     two_term = recipe.qk_terms == 2
     if two_term:
@@ -417,6 +420,9 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # benchmarks only (wrong results), bits: 1 = no magic preset of the QK accumulator,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
+            K_SUB=ws.k_sub,
+            # 256-key steps: P's row sums by a dot with ones (benchmarks/NOTES.md, session 7)
+            ROWSUM_MMA=cfg.get("sm90_rowsum_mma", False),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
@@ -432,6 +438,9 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
     if plan.n_work and sm90:
         _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides, sm90)
     elif plan.n_work:
+        if ws.k_sub != 1:
+            raise ValueError(f"the Triton kernel reads one K scale per kv block of {BN} keys; "
+                             f"this workspace has {ws.k_sub} (K_SCALE_KEYS={K_SCALE_KEYS})")
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
         desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
