@@ -196,10 +196,10 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     the second half across the loop's back edge instead spilled 4 KB (sm_90, triton 3.6).
 
     ``K_SUB``: K scales per block (2: one per 128 keys, the quantizer's sub-blocks).
-    ``ROWSUM_MMA``: the row sum of P as a dot of the stored fp8 P with a tile of ones
-    (``ones_t``, [SUB_N, 8]): 8 wgmma instructions per step instead of 128 FADDs and the
-    row reduction's shuffles per thread; ``l_i`` is then a [BLOCK_M, 8] tensor of equal
-    columns, each the sum of exactly the P the PV dot weighs V with.
+    ``ROWSUM_MMA`` (N, 0 = off): the row sum of P as a dot of the stored fp8 P with a tile
+    of ones (``ones_t``, [SUB_N, N]): 8 wgmma instructions per step instead of 128 FADDs
+    and the row reduction's shuffles per thread; ``l_i`` is then a [BLOCK_M, N] tensor of
+    equal columns, each the sum of exactly the P the PV dot weighs V with.
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
@@ -296,17 +296,19 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p_a = p_smem
         p_b = p_smem
 
-    # ROWSUM_MMA (wide steps): P's row sums from a dot with a [SUB_N, 8] tile of ones
+    # ROWSUM_MMA (wide steps): P's row sums from a dot with a [SUB_N, L_N] tile of ones
+    L_N: gl.constexpr = ROWSUM_MMA if ROWSUM_MMA > 8 else 8
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 32])
     row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
-    zero_l = gl.zeros([BLOCK_M, 8], gl.float32, l_layout)
+    zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
     if ROWSUM_MMA:
         gl.static_assert(WIDE, "the row-sum dot is built into the 256-key step")
-        ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, SUB_N], gl.float8e4nv)
-        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [8, SUB_N], ones_sl)
+        ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_N, SUB_N],
+                                                                     gl.float8e4nv)
+        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [L_N, SUB_N], ones_sl)
         fill: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-        ones_smem.store(gl.full([8, SUB_N], 1.0, gl.float32, fill).to(gl.float8e4nv))
+        ones_smem.store(gl.full([L_N, SUB_N], 1.0, gl.float32, fill).to(gl.float8e4nv))
         fence_async_shared()
         ones_t = ones_smem.permute((1, 0))
     else:
@@ -356,7 +358,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
                     K_SUB, ROWSUM_MMA, row_l)
                 cnt += 1
-            if ROWSUM_MMA:  # the 8 columns are equal
+            if ROWSUM_MMA:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
             mbarrier.arrive(q_empty)
         else:
@@ -463,7 +465,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    ROWSUM_MMA: gl.constexpr = False,
+    ROWSUM_MMA: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")

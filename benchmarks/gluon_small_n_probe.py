@@ -1,0 +1,68 @@
+"""Does a Gluon warpgroup_mma with a narrow B (N = 8 or 16, fp8, from shared memory) give
+A @ B on this GPU? (session 7: P's row sums as P @ ones came out wrong at N=8 in the
+attention kernel.)
+
+    python3 benchmarks/gluon_small_n_probe.py
+
+Prints, per N and B (ones, random): max |gluon - torch| against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def small_n_kernel(a_ptr, b_ptr, c_ptr, M: gl.constexpr, K: gl.constexpr, N: gl.constexpr):
+    ld: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    rm = gl.arange(0, M, layout=gl.SliceLayout(1, ld))
+    rk = gl.arange(0, K, layout=gl.SliceLayout(0, ld))
+    rn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
+    a = gl.load(a_ptr + gl.expand_dims(rm, 1) * K + gl.expand_dims(rk, 0))
+    b = gl.load(b_ptr + gl.expand_dims(rn, 1) * K + gl.expand_dims(rk, 0))  # [N, K]
+    a_s = gl.allocate_shared_memory(gl.float8e4nv, [M, K],
+                                    gl.NVMMASharedLayout.get_default_for([M, K], gl.float8e4nv))
+    b_s = gl.allocate_shared_memory(gl.float8e4nv, [N, K],
+                                    gl.NVMMASharedLayout.get_default_for([N, K], gl.float8e4nv))
+    a_s.store(a)
+    b_s.store(b)
+    fence_async_shared()
+    gl.thread_barrier()
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, N, 32])
+    acc = gl.zeros([M, N], gl.float32, acc_l)
+    tok = warpgroup_mma(a_s, b_s.permute((1, 0)), acc, use_acc=False, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[tok])
+    om = gl.arange(0, M, layout=gl.SliceLayout(1, acc_l))
+    on = gl.arange(0, N, layout=gl.SliceLayout(0, acc_l))
+    gl.store(c_ptr + gl.expand_dims(om, 1) * N + gl.expand_dims(on, 0), acc)
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    M, K = 64, 128
+    a = (torch.rand(M, K, device="cuda") * 8).to(torch.float8_e4m3fn)
+    for N in (8, 16, 32):
+        for kind in ("ones", "random"):
+            b = (torch.ones(N, K, device="cuda") if kind == "ones"
+                 else torch.randn(N, K, device="cuda")).to(torch.float8_e4m3fn)
+            c = torch.empty(M, N, device="cuda")
+            try:
+                small_n_kernel[(1,)](a, b, c, M, K, N, num_warps=4)
+                ref = a.float() @ b.float().T
+                print(f"N={N} B={kind}: max|err| {(c - ref).abs().max().item():.3g} "
+                      f"(ref max {ref.abs().max().item():.3g})", flush=True)
+            except Exception as e:  # noqa: BLE001 - a failure is a result
+                print(f"N={N} B={kind}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
