@@ -45,14 +45,19 @@ def test_kv_perm16_stores_v_in_the_p_register_order():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-def test_256_key_blocks_quantize_k_per_128_keys_and_fill_empty_halves(monkeypatch):
-    """The warp-specialized kernel's 256-key blocks: K keeps one scale per 128 keys (the same
-    int8 values and scales as 128-key blocks), V's grid factor follows the 256-key block, and
-    the empty second half of the last block is written (zeros), never left uninitialized."""
+@pytest.mark.parametrize("k_scale_keys", [256, 128])
+def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
+    """The warp-specialized kernel's 256-key blocks: K has one scale per block (the default,
+    the larger of the two 128-key halves' scales) or per 128 keys (``K_SCALE_KEYS=128``: the
+    same int8 values and scales as 128-key blocks); V's grid factor follows the 256-key
+    block, and the empty second half of the last block is written (zeros), never left
+    uninitialized."""
     S, D = 300, 128  # the last 256-key block holds 44 keys: its second half is empty
+    monkeypatch.setattr(launch, "K_SCALE_KEYS", k_scale_keys)
 
     def ws_for(block_n):
         monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=block_n))
+        monkeypatch.setattr(launch, "K_SCALE_KEYS", k_scale_keys)
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
         plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
@@ -70,8 +75,16 @@ def test_256_key_blocks_quantize_k_per_128_keys_and_fill_empty_halves(monkeypatc
     plan128, ws128, v = ws_for(128)
     plan256, ws256, _ = ws_for(256)
     assert plan256.key.block_n == 256 and plan256.k_total_padded == 512
-    assert torch.equal(ws256.k_scale[:, :3], ws128.k_scale[:, :3])
-    assert torch.equal(ws256.k8[:, :S].view(torch.uint8), ws128.k8[:, :S].view(torch.uint8))
+    if k_scale_keys == 128:
+        assert ws256.k_sub == 2 and ws256.k_scale.shape == (2, 4)
+        assert torch.equal(ws256.k_scale[:, :3], ws128.k_scale[:, :3])
+        assert torch.equal(ws256.k8[:, :S].view(torch.uint8),
+                           ws128.k8[:, :S].view(torch.uint8))
+    else:
+        assert ws256.k_sub == 1 and ws256.k_scale.shape == (2, 2)
+        assert torch.equal(ws256.k_scale[:, 0], ws128.k_scale[:, :2].amax(1))
+        assert torch.equal(ws256.k_scale[:, 1], ws128.k_scale[:, 2])
+        assert ws256.k8[:, S:].eq(0).all()
     v8 = ws256.v8t.float()  # [Hkv, D, T_pad], kv index permuted in groups of 16
     j = torch.arange(plan256.k_total_padded)
     col = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)  # token -> column

@@ -121,8 +121,12 @@ WS_TILES: dict[int, dict] = {
     64: dict(block_n=256, sm90_stages=2),
     128: dict(block_n=256, sm90_stages=2),
 }
-# Keys per K scale where kv blocks are longer (benchmarks set 256 to compare).
-K_SCALE_KEYS = 128
+# Keys per K scale in the warp-specialized kernel's 256-key blocks: 256 (one scale per
+# block), or 128 (two per block: the quantizer's sub-blocks). Same process (run s7-2, Wan
+# 720p / HunyuanVideo): 836 / 844 TFLOPS with one scale against 802 / 804 with two (the
+# kernel's loop schedules worse), though the quantization takes 3.7 ms instead of 2.6 at Wan
+# 720p and the DiT-like rel-L1 is 0.0154 instead of 0.0150 (8k tokens).
+K_SCALE_KEYS = 256
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {
