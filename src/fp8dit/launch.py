@@ -425,8 +425,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
             K_SUB=ws.k_sub,
-            # 256-key steps: P's row sums by a dot with ones (benchmarks/NOTES.md, session 7)
-            ROWSUM_MMA=cfg.get("sm90_rowsum_mma", 0),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

@@ -155,14 +155,11 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
 
 @gluon.jit
 def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
-              row_layout: gl.constexpr, p_layout: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+              row_layout: gl.constexpr, p_layout: gl.constexpr):
     """P of one 128-key half (fp8 in the PV dot's A layout, see ``_softmax_block``) and its
-    row sum (0 with ``ROWSUM_MMA``: the tensor cores sum the stored fp8 P instead)."""
+    row sum."""
     p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
-    if ROWSUM_MMA:
-        l_part = 0.0
-    else:
-        l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
+    l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
     return _p_to_fp8(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), l_part
 
 
@@ -178,11 +175,11 @@ def _magic_preset(like):
 
 @gluon.jit
 def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a,
-                        p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o, ones_t, zero_l,
+                        p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
-                        K_SUB: gl.constexpr, ROWSUM_MMA: gl.constexpr, row_l: gl.constexpr):
+                        K_SUB: gl.constexpr):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -196,10 +193,6 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     the second half across the loop's back edge instead spilled 4 KB (sm_90, triton 3.6).
 
     ``K_SUB``: K scales per block (2: one per 128 keys, the quantizer's sub-blocks).
-    ``ROWSUM_MMA`` (N, 0 = off): the row sum of P as a dot of the stored fp8 P with a tile
-    of ones (``ones_t``, [SUB_N, N]): 8 wgmma instructions per step instead of 128 FADDs
-    and the row reduction's shuffles per thread; ``l_i`` is then a [BLOCK_M, N] tensor of
-    equal columns, each the sum of exactly the P the PV dot weighs V with.
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
@@ -207,30 +200,37 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                            _magic_preset(s_init), is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
                            _magic_preset(s_init), is_async=True)
-    if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
-        c_a = q_scale * gl.load(ks_base + 2 * kb)
-        c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
-    else:
-        c_a = q_scale * gl.load(ks_base + kb)
-        c_b = c_a
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len, rows,
                   SUB_N, IS_CAUSAL, s_layout)
-    m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
-    s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N, MASKED, k_len,
-                  rows, SUB_N, IS_CAUSAL, s_layout)
-    m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
-    m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
+    if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
+        c_a = q_scale * gl.load(ks_base + 2 * kb)
+        c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
+        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
+        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N, MASKED,
+                      k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
+        m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
+    else:  # one scale for the block: the max over both halves' raw scores, then scaled
+        c_a = q_scale * gl.load(ks_base + kb)
+        c_b = c_a
+        mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
+        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N, MASKED,
+                      k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+        mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
+        m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
-    p8, l_a = _exp_half(s_a, c_a, m_ref - P_SHIFT + I2F_MAGIC * c_a, BLOCK_M, SUB_N, row_s,
-                        p_layout, ROWSUM_MMA)
+    bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
+    if K_SUB == 2:
+        bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
+    else:
+        bias_b = bias_a
+    p8, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout)
     p_a.store(p8)
-    p8, l_b = _exp_half(s_b, c_b, m_ref - P_SHIFT + I2F_MAGIC * c_b, BLOCK_M, SUB_N, row_s,
-                        p_layout, ROWSUM_MMA)
+    p8, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout)
     p_b.store(p8)
-    if not ROWSUM_MMA:
-        l_i = l_i * alpha + (l_a + l_b)
+    l_i = l_i * alpha + (l_a + l_b)
     fence_async_shared()
     _cta_barrier()
     acc_tok = warpgroup_mma(p_a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
@@ -239,13 +239,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                             is_async=True)
     # From block kb-1's frame (max and V grid) to block kb's.
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
-    if ROWSUM_MMA:
-        l_tok = warpgroup_mma(p_a, ones_t, zero_l, use_acc=False, is_async=True)
-        l_tok = warpgroup_mma(p_b, ones_t, l_tok, is_async=True)
-        acc, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
-        l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, row_l, assert_trivial=True), 1) + l_blk
-    else:
-        acc = warpgroup_mma_wait(0, deps=[acc_tok])
+    acc = warpgroup_mma_wait(0, deps=[acc_tok])
     acc_m = acc_m * gl.expand_dims(step, 1) + acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
@@ -262,7 +256,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+              K_SUB: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -296,24 +290,6 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p_a = p_smem
         p_b = p_smem
 
-    # ROWSUM_MMA (wide steps): P's row sums from a dot with a [SUB_N, L_N] tile of ones
-    L_N: gl.constexpr = ROWSUM_MMA if ROWSUM_MMA > 8 else 8
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 32])
-    row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
-    zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
-    if ROWSUM_MMA:
-        gl.static_assert(WIDE, "the row-sum dot is built into the 256-key step")
-        ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_N, SUB_N],
-                                                                     gl.float8e4nv)
-        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [L_N, SUB_N], ones_sl)
-        fill: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-        ones_smem.store(gl.full([L_N, SUB_N], 1.0, gl.float32, fill).to(gl.float8e4nv))
-        fence_async_shared()
-        ones_t = ones_smem.permute((1, 0))
-    else:
-        ones_t = p_a  # not read
-
     pid = gl.program_id(0)
     w_begin = gl.load(work_indptr_ptr + pid)
     w_end = gl.load(work_indptr_ptr + pid + 1)
@@ -338,28 +314,23 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         mbarrier.wait(q_full, it & 1)
         if WIDE:
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-            if ROWSUM_MMA:
-                l_i = zero_l
-            else:
-                l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+            l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
             acc = zero_o
             hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo)
             for kb in range(kv_lo, hi_main):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
-                    kv_full, kv_empty, k_len, rows, s_init, zero_o, ones_t, zero_l, False,
+                    kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, ROWSUM_MMA, row_l)
+                    K_SUB)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
-                    kv_full, kv_empty, k_len, rows, s_init, zero_o, ones_t, zero_l, True,
+                    kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, ROWSUM_MMA, row_l)
+                    K_SUB)
                 cnt += 1
-            if ROWSUM_MMA:  # the columns are equal
-                l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
             mbarrier.arrive(q_empty)
         else:
             acc, m_i, l_i, cnt, n_turns = _consumer_item(
@@ -465,7 +436,6 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    ROWSUM_MMA: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -497,14 +467,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, ROWSUM_MMA)),
+                     ABLATE_MISC, K_SUB)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, ROWSUM_MMA)),
+                     ABLATE_MISC, K_SUB)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
