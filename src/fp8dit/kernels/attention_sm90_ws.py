@@ -303,7 +303,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
          k_blk) = _load_item(work_ptr, seq_ptr, w, group)
         row0 = qt * (2 * BLOCK_M) + wg * BLOCK_M
         q_row = h * Tq_pad + q_pad + row0
-        # K scales per 128 keys: kv blocks of 256 keys have two (``n_kblocks`` counts scales)
+        # K_SUB K scales per kv block (``n_kblocks`` counts scales)
         ks_base = k_scale_ptr + hk * n_kblocks + k_blk * K_SUB
         hi_fast = k_len // BLOCK_N
         if IS_CAUSAL:
