@@ -295,10 +295,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
     qk_dtype = torch.int8 if qk_int8 else FP8
-    # K/V are quantized in blocks of at most 128 keys (one K scale each): kv blocks of 256
-    # keys (the warp-specialized kernel's wide steps) take two. Measured on the H200 (session
-    # 6): with one scale per 256 keys the DiT-like rel-L1 rose from 0.0148 to 0.0154 and the
-    # quantization at Wan 720p from 2.5 to 3.7 ms (programs of 256 rows and 32 warps).
+    # kv blocks longer than K_SCALE_KEYS (the warp-specialized kernel's 256-key steps) are
+    # quantized in k_sub programs of K_SCALE_KEYS rows, one K scale each (see K_SCALE_KEYS).
     k_sub = BN // K_SCALE_KEYS if BN > K_SCALE_KEYS else 1
     qbn = BN // k_sub
     ws = Workspace(
