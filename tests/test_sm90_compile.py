@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fp8dit
 from fp8dit import launch
-from fp8dit.recipes import RECIPES
+from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") != "1", reason="records launches in the interpreter"
@@ -94,6 +94,18 @@ def _record(monkeypatch):
             q, k, v = (torch.randn(1, 150, 2, D, generator=g).bfloat16() for _ in range(3))
             fp8dit.attention(q, k, v, backend="fp8", recipe=recipe, is_causal=causal,
                              num_splits=2)
+    # The warp-specialized kernel's 256-key blocks (its launch needs a GPU): the quantization
+    # they take, with each block's K amax from the statistics pass.
+    for D in (64, 128):
+        monkeypatch.setitem(launch.TILE_OVERRIDES, D, dict(block_n=256))
+        q, k, v = (torch.randn(1, 600, 2, D, generator=g).bfloat16() for _ in range(3))
+        plan, _ = launch.plan_for([600], [600], varlen=False, num_heads=2, num_kv_heads=2,
+                                  head_dim=D, is_causal=False, device=q.device)
+        st = launch._bthd_strides(q, "NHD")
+        launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+                              kv_perm16=True)
+        monkeypatch.delitem(launch.TILE_OVERRIDES, D)
+    assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
     unique = {json.dumps(r, sort_keys=True): r for r in sink}
     return list(unique.values())
 

@@ -99,6 +99,52 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
     assert (deq - ref).abs().max() <= 0.07 * ref.abs().max()
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+@pytest.mark.parametrize("bad_key", [None, 300 + 400])
+def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(monkeypatch,
+                                                                               bad_key):
+    """One K scale per 256-key block taken by 128-row programs from the statistics pass's
+    per-block channel max and min (``KV_QUANT_ROWS``) equals what 256-row programs compute,
+    bit for bit: varlen with a second sequence starting at kv block 2, GQA, D=72 (padded
+    channels), and a NaN key in the second half of a block, which must make that block's
+    scale NaN and no other's (that block's int8 values, which no score uses, may differ)."""
+    lens = [300, 520]
+    T, D = sum(lens), 72
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(T, 4, D, generator=g).bfloat16()
+    k = (torch.randn(T, 2, D, generator=g) * 2 + torch.randn(D, generator=g) * 5).bfloat16()
+    v = torch.randn(T, 2, D, generator=g).bfloat16()
+    if bad_key is not None:
+        k[bad_key, 1, 7] = float("nan")  # second sequence, key 400: block 1, second half
+    monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=256))
+    plan, _ = launch.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
+                              head_dim=D, is_causal=False, device=q.device)
+    assert plan.key.block_n == 256 and plan.stats_chunk == 256  # whole kv blocks per chunk
+
+    def ws(rows):
+        monkeypatch.setattr(launch, "KV_QUANT_ROWS", rows)
+        st = launch._bthd_strides(q, "varlen")
+        with monkeypatch.context() as m:
+            m.setattr(torch, "empty", _poisoned(torch.empty))
+            return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
+                                         launch._bthd_strides(k, "varlen"), v,
+                                         launch._bthd_strides(v, "varlen"), kv_perm16=True)
+
+    spanning, from_stats = ws(0), ws(128)
+    live = from_stats.k_scale.isfinite().repeat_interleave(256, 1)[..., None]  # [Hkv, T, 1]
+    for name in ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean"):
+        a, b = getattr(spanning, name), getattr(from_stats, name)
+        if name == "k_scale":
+            assert torch.equal(a.isnan(), b.isnan()), name
+            a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)
+        if name == "k8":
+            a, b = a * live, b * live
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    # kv blocks: sequence 0 holds 0-1, sequence 1 holds 2-4 (key 400 is in its block 1)
+    nan_blocks = from_stats.k_scale.isnan().nonzero().tolist()
+    assert nan_blocks == ([] if bad_key is None else [[1, 3]])
+
+
 def _poisoned(empty):
     def f(*shape, **kw):
         t = empty(*shape, **kw)

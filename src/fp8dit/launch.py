@@ -127,6 +127,10 @@ WS_TILES: dict[int, dict] = {
 # kernel's loop schedules worse), though the quantization takes 3.7 ms instead of 2.6 at Wan
 # 720p and the DiT-like rel-L1 is 0.0154 instead of 0.0150 (8k tokens).
 K_SCALE_KEYS = 256
+# Rows per quantize_kv program when one K scale spans a longer kv block: its amax then comes
+# from the channel-statistics pass (``KAMAX_FROM_STATS``), bitwise the same scale. 128-row
+# programs: 2.4 ms at Wan 720p against 3.6 ms for 256-row ones (run s7-4). 0: off.
+KV_QUANT_ROWS = 128
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {
@@ -299,6 +303,13 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     # quantized in k_sub programs of K_SCALE_KEYS rows, one K scale each (see K_SCALE_KEYS).
     k_sub = BN // K_SCALE_KEYS if BN > K_SCALE_KEYS else 1
     qbn = BN // k_sub
+    # One K scale over more rows than a quantize_kv program holds: the block's amax from the
+    # statistics pass (not with rotation, whose amax is taken after the rotation, nor with
+    # tensor-wide scales).
+    kamax_stats = (0 < KV_QUANT_ROWS < qbn and qbn % KV_QUANT_ROWS == 0
+                   and plan.stats_chunk % BN == 0 and k_sub == 1
+                   and not recipe.rotate and not tensor_scales)
+    n_prog = qbn // KV_QUANT_ROWS if kamax_stats else 1
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -318,6 +329,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     if two_term:
         ws.q8lo, ws.k8lo = torch.empty_like(ws.q8), torch.empty_like(ws.k8)
     stats = torch.empty(B, Hkv, max(plan.n_chunks, 1), N_STATS, Dp, device=dev, dtype=f32)
+    # per kv block: K's channel max and min (kamax_stats)
+    kblk = (torch.empty(Hkv, plan.n_kblocks, 2, Dp, device=dev, dtype=f32) if kamax_stats
+            else stats)
     k_mean = torch.zeros(B, Hkv, Dp, device=dev, dtype=f32)
     # amax[0:3] = tensor-wide max |q|, |k|, |v|; read only with TENSOR_SCALES.
     amax = torch.empty(3, device=dev, dtype=f32)
@@ -326,7 +340,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     if plan.n_chunks:
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
-            DP=Dp, CHUNK=plan.stats_chunk, SUB=2048 // Dp, num_warps=4,
+            kblk, plan.n_kblocks,
+            DP=Dp, CHUNK=plan.stats_chunk, SUB=2048 // Dp, KBLK=BN if kamax_stats else 0,
+            num_warps=4,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
@@ -334,13 +350,15 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             CENTER_V=recipe.center_v,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
-        quantize_kv_kernel[(plan.max_k_blocks * k_sub, Hkv, B)](
+        rows = qbn // n_prog
+        quantize_kv_kernel[(plan.max_k_blocks * k_sub * n_prog, Hkv, B)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
             rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
-            DP=Dp, BLOCK_N=qbn, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
+            DP=Dp, BLOCK_N=rows, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
-            SUBBLOCKS=k_sub, num_warps=_tile_warps(qbn, Dp),
+            SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
+            num_warps=_tile_warps(rows, Dp),
         )
     if plan.max_q_blocks:
         quantize_q_kernel[(plan.max_q_blocks, H, B)](

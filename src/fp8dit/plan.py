@@ -49,12 +49,15 @@ SPLIT_THRESHOLD = 0.02
 MIN_PIECE_BLOCKS = 1
 
 
-def stats_chunk(max_k_len: int, n_seq_heads: int) -> int:
-    """Tokens per chunk of the channel-statistics pass (see ``STATS_CHUNKS``)."""
-    for chunk in STATS_CHUNKS:
+def stats_chunk(max_k_len: int, n_seq_heads: int, block_n: int = 1) -> int:
+    """Tokens per chunk of the channel-statistics pass (see ``STATS_CHUNKS``). With kv blocks
+    of 256 keys (``block_n``), whole blocks per chunk: that pass also takes each block's K
+    channel max and min (``launch.KV_QUANT_ROWS``)."""
+    chunks = [c for c in STATS_CHUNKS if block_n <= 128 or c % block_n == 0] or [block_n]
+    for chunk in chunks:
         if n_seq_heads * _cdiv(max_k_len, chunk) >= STATS_MIN_PROGRAMS:
             return chunk
-    return STATS_CHUNKS[-1]
+    return chunks[-1]
 
 
 def padded_head_dim(d: int) -> int:
@@ -247,7 +250,7 @@ def build_plan(key: PlanKey) -> Plan:
     work = np.asarray(work_rows, dtype=np.int32).reshape(-1, W_FIELDS)
     reduce = np.asarray(reduce_rows, dtype=np.int32).reshape(-1, R_FIELDS)
     max_k = max(key.k_lens) if key.k_lens else 0
-    chunk = stats_chunk(max_k, len(key.k_lens) * key.num_kv_heads)
+    chunk = stats_chunk(max_k, len(key.k_lens) * key.num_kv_heads, BN)
     return Plan(
         key=key,
         head_dim_padded=Dp,
