@@ -441,6 +441,8 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
             K_SUB=ws.k_sub,
+            # 256-key steps with PV(kb-1) under softmax(kb) (registers for it only at D=64)
+            PV_OVERLAP=cfg.get("sm90_pv_overlap", False),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
