@@ -33,6 +33,7 @@ import triton
 
 import fp8dit
 from fp8dit import launch
+from fp8dit import plan as plan_mod
 from fp8dit.recipes import get_recipe
 from fp8dit.testing import make_qkv
 
@@ -48,6 +49,9 @@ TILINGS = {
                                                        sm90_pv_overlap=True)}),
     "ws256ov3": ("gluon-ws", {**DEFAULT_TILES, 64: dict(block_n=256, sm90_stages=3,
                                                         sm90_pv_overlap=True)}),
+    "ws256ov4": ("gluon-ws", {**DEFAULT_TILES, 64: dict(block_n=256, sm90_stages=4,
+                                                        sm90_pv_overlap=True)}),
+    "ws256-3": ("gluon-ws", {**DEFAULT_TILES, 64: dict(block_n=256, sm90_stages=3)}),
     "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
 }
 
@@ -62,31 +66,48 @@ def use(tiling):
 VARIANTS = {t: functools.partial(use, t) for t in ("ws256", "ws256ov", "triton")}
 
 
+# name -> (KV_QUANT_ROWS, stats chunks offered, stats warps); run s8-1 timed the first two
+QUANT_VARIANTS = {
+    "rows256": (0, plan_mod.STATS_CHUNKS, 4),
+    "rows128-c512": (128, plan_mod.STATS_CHUNKS, 4),
+    "rows128-c256": (128, (256, 128, 64), 4),
+    "rows128-c256-w8": (128, (256, 128, 64), 8),
+    "rows128-c512-w8": (128, plan_mod.STATS_CHUNKS, 8),
+}
+
+
 def part_quant():
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
     presets = {"wan2.2-a14b-720p": (1, 40, 75600, 128), "wan2.1-1.3b-480p": (1, 12, 32760, 128),
                "cogvideox-5b": (2, 48, 17776, 64)}
+    saved = launch.KV_QUANT_ROWS, plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS
     for name, (B, H, S, D) in presets.items():
         q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0)
-        plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
-                                  head_dim=D, is_causal=False, device=q.device, recipe=rec)
         st = launch._bthd_strides(q, "HND")
-        run = functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st, k,
-                                st, v, st, kv_perm16=True)
         wss, res = {}, {}
-        for rows in (0, 128, 0, 128):
-            launch.KV_QUANT_ROWS = rows
-            res.setdefault(rows, []).append(round(time_ms(run), 4))
-            wss[rows] = run()
-        launch.KV_QUANT_ROWS = 128
-        same = all(torch.equal(getattr(wss[0], n).view(torch.uint8),
-                               getattr(wss[128], n).view(torch.uint8))
-                   for n in ("q8", "q_scale", "k8", "k_scale", "v8t", "v_scale", "v_mean"))
-        record(part="quant", preset=name, block_n=plan.key.block_n, ms_256_rows=res[0],
-               ms_128_rows_stats_amax=res[128], bitwise_equal=same)
+        for vname in (*QUANT_VARIANTS, *QUANT_VARIANTS):
+            launch.KV_QUANT_ROWS, plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS = \
+                QUANT_VARIANTS[vname]
+            plan_mod.clear_plan_cache()
+            plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H,
+                                      num_kv_heads=H, head_dim=D, is_causal=False,
+                                      device=q.device, recipe=rec)
+            run = functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
+                                    k, st, v, st, kv_perm16=True)
+            res.setdefault(vname, []).append(round(time_ms(run), 4))
+            res[vname + "_chunk"] = plan.stats_chunk
+            wss[vname] = run()
+        ref = wss["rows256"]
+        same = {vn: all(torch.equal(getattr(ref, n).view(torch.uint8),
+                                    getattr(ws, n).view(torch.uint8))
+                        for n in ("q8", "q_scale", "k8", "k_scale", "v8t", "v_scale"))
+                for vn, ws in wss.items()}
+        record(part="quant", preset=name, ms=res, bitwise_equal_to_rows256=same)
         del q, k, v, wss
         torch.cuda.empty_cache()
+    launch.KV_QUANT_ROWS, plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS = saved
+    plan_mod.clear_plan_cache()
     os.environ["FP8DIT_KERNEL"] = "auto"
 
 
@@ -126,9 +147,9 @@ def part_check():
 
 def part_speed():
     variants = {t: functools.partial(use, t) for t in TILINGS}
+    # run s8-1: ws256 473.6 / 472.2, ws256ov 307.8 / 308.7, ws256ov3 435.8, triton 461.0
     gpu_gluon.part_speed(["cogvideox-5b"], variants,
-                         ("ws256", "ws256ov", "ws256ov3", "triton", "ws256ov", "ws256"))
-    gpu_gluon.part_speed(["wan2.2-a14b-720p"], variants, ("ws256", "ws256"))
+                         ("ws256", "ws256ov4", "ws256ov3", "ws256-3", "ws256ov4", "ws256"))
 
 
 def part_repeat():
@@ -143,7 +164,7 @@ def part_repeat():
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="quant,same,check,speed,repeat")
+    ap.add_argument("--parts", default="quant,same,check,speed,repeat")  # s8-2: quant,speed
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,

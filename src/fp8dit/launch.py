@@ -131,6 +131,8 @@ K_SCALE_KEYS = 256
 # from the channel-statistics pass (``KAMAX_FROM_STATS``), bitwise the same scale. 128-row
 # programs: 2.4 ms at Wan 720p against 3.6 ms for 256-row ones (run s7-4). 0: off.
 KV_QUANT_ROWS = 128
+# Warps of the channel-statistics pass.
+KV_STATS_WARPS = 4
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {
@@ -342,7 +344,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             kblk, plan.n_kblocks,
             DP=Dp, CHUNK=plan.stats_chunk, SUB=2048 // Dp, KBLK=BN if kamax_stats else 0,
-            num_warps=4,
+            num_warps=KV_STATS_WARPS,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
