@@ -122,7 +122,7 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
     assert plan.key.block_n == 256 and plan.stats_chunk == 256  # whole kv blocks per chunk
 
     def ws(rows):
-        monkeypatch.setattr(launch, "KV_QUANT_ROWS", rows)
+        monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, rows)
         st = launch._bthd_strides(q, "varlen")
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))

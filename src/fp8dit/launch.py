@@ -127,11 +127,14 @@ WS_TILES: dict[int, dict] = {
 # kernel's loop schedules worse), though the quantization takes 3.7 ms instead of 2.6 at Wan
 # 720p and the DiT-like rel-L1 is 0.0154 instead of 0.0150 (8k tokens).
 K_SCALE_KEYS = 256
-# Rows per quantize_kv program when one K scale spans a longer kv block: its amax then comes
-# from the channel-statistics pass (``KAMAX_FROM_STATS``), bitwise the same scale. 128-row
-# programs: 2.4 ms at Wan 720p against 3.6 ms for 256-row ones (run s7-4). 0: off.
-KV_QUANT_ROWS = 128
-# Warps of the channel-statistics pass.
+# Rows per quantize_kv program, by padded head dim, when one K scale spans a longer kv block:
+# the block's amax then comes from the channel-statistics pass (``KAMAX_FROM_STATS``), bitwise
+# the same scale; absent or 0: programs span the block. Same process (run s8-2, all three
+# quantization launches): Wan 720p 3.19-3.29 ms against 3.65-3.75 for 256-row programs (which
+# spill ~600 registers at D=128, sm_90 SASS of triton 3.6), Wan2.1-1.3B 0.50 against 0.57;
+# at D=64 (CogVideoX) 0.79 against 0.68, so D=64 keeps 256-row programs.
+KV_QUANT_ROWS: dict[int, int] = {128: 128}
+# Warps of the channel-statistics pass (8 measured slower in run s8-2).
 KV_STATS_WARPS = 4
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
@@ -308,10 +311,11 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     # One K scale over more rows than a quantize_kv program holds: the block's amax from the
     # statistics pass (not with rotation, whose amax is taken after the rotation, nor with
     # tensor-wide scales).
-    kamax_stats = (0 < KV_QUANT_ROWS < qbn and qbn % KV_QUANT_ROWS == 0
+    kv_rows = KV_QUANT_ROWS.get(Dp, 0)
+    kamax_stats = (0 < kv_rows < qbn and qbn % kv_rows == 0
                    and plan.stats_chunk % BN == 0 and k_sub == 1
                    and not recipe.rotate and not tensor_scales)
-    n_prog = qbn // KV_QUANT_ROWS if kamax_stats else 1
+    n_prog = qbn // kv_rows if kamax_stats else 1
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -443,8 +447,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
             K_SUB=ws.k_sub,
-            # 256-key steps with PV(kb-1) under softmax(kb) (registers for it only at D=64)
-            PV_OVERLAP=cfg.get("sm90_pv_overlap", False),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

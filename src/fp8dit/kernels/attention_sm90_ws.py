@@ -262,111 +262,6 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
 
 
 @gluon.jit
-def _consumer_step_wide_ov(kb, kv_lo, cnt, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                           ks_base, q_s, k_bufs, v_bufs, p_a, p_b, kv_full, kv_empty, k_len,
-                           rows, s_init, zero_o, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, SUB_N: gl.constexpr,
-                           IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                           s_layout: gl.constexpr, p_layout: gl.constexpr,
-                           row_o: gl.constexpr):
-    """256-key block kb (ring index cnt) with block kb-1's two PV dots under its softmax:
-    ``_consumer_step``'s order with ``_consumer_step_wide``'s block. Only where the registers
-    hold S (128), the in-flight PV accumulator and the fp32 sum (D=64: 32 each; at D=128, 64
-    each, they do not fit in 240).
-
-    P(kb-1) was stored at the end of the previous step into buffer set (cnt-1) % 2; PV(kb-2),
-    issued in the previous step, is waited for first (at the top of a step, where ptxas
-    cannot hoist it above the softmax), so buffer set cnt % 2 is free for P(kb).
-    """
-    slot = cnt % STAGES
-    prev = (cnt - 1) % STAGES
-    acc = warpgroup_mma_wait(0, deps=[acc_tok])  # PV(kb-2), frame kb-2
-    acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
-    fence_async_shared()
-    _cta_barrier()
-    # Every warp of this warpgroup is past PV(kb-2): block kb-2's slot is free.
-    mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
-    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
-    sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
-    pv_tok = warpgroup_mma(p_a.index((cnt - 1) % 2), v_bufs.index(2 * prev).permute((1, 0)),
-                           zero_o, use_acc=False, is_async=True)
-    acc_tok = warpgroup_mma(p_b.index((cnt - 1) % 2),
-                            v_bufs.index(2 * prev + 1).permute((1, 0)), pv_tok, is_async=True)
-    m_new, l_i, alpha = _wide_block_softmax(
-        sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a.index(cnt % 2),
-        p_b.index(cnt % 2), k_len, rows, 2, MASKED, BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL,
-        s_layout, p_layout, 1)
-    step_prev = step
-    step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
-    return m_new, l_i, acc_tok, acc_m, step, step_prev
-
-
-@gluon.jit
-def _consumer_item_wide_ov(kv_lo, kv_hi, hi_fast, cnt, q_scale, ks_base, q_s, k_bufs, v_bufs,
-                           p_a, p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o,
-                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SUB_N: gl.constexpr,
-                           IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                           s_layout: gl.constexpr, p_layout: gl.constexpr,
-                           row_o: gl.constexpr):
-    """One work item's kv range in 256-key blocks, PV(kb-1) under softmax(kb)
-    (``_consumer_step_wide_ov``): returns the output accumulator (frame of block
-    kv_hi - 1), m, l and the ring counter. ``p_a``/``p_b``: [2, BLOCK_M, SUB_N] each."""
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    # Block kv_lo: QK and softmax alone (masked: one block per item, any block is right so).
-    slot = cnt % STAGES
-    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
-    sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-    m_i, l_i, alpha = _wide_block_softmax(
-        sa_tok, sb_tok, kv_lo, m_i, l_i, q_scale, ks_base, p_a.index(cnt % 2),
-        p_b.index(cnt % 2), k_len, rows, 0, True, BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL,
-        s_layout, p_layout, 1)
-    acc_tok = warpgroup_mma_init(zero_o)
-    acc_m = zero_o
-    step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
-    step_prev = step
-    cnt += 1
-
-    hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
-    for kb in range(kv_lo + 1, hi_main):
-        m_i, l_i, acc_tok, acc_m, step, step_prev = _consumer_step_wide_ov(
-            kb, kv_lo, cnt, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base, q_s,
-            k_bufs, v_bufs, p_a, p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
-            BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
-        cnt += 1
-    for kb in range(hi_main, kv_hi):
-        m_i, l_i, acc_tok, acc_m, step, step_prev = _consumer_step_wide_ov(
-            kb, kv_lo, cnt, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base, q_s,
-            k_bufs, v_bufs, p_a, p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
-            BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
-        cnt += 1
-
-    # PV of the last block, then release its slot.
-    last = (cnt - 1) % STAGES
-    acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
-    fence_async_shared()
-    _cta_barrier()
-    mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
-    pv_tok = warpgroup_mma(p_a.index((cnt - 1) % 2), v_bufs.index(2 * last).permute((1, 0)),
-                           zero_o, use_acc=False, is_async=True)
-    acc_tok = warpgroup_mma(p_b.index((cnt - 1) % 2),
-                            v_bufs.index(2 * last + 1).permute((1, 0)), pv_tok, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    acc = acc_m * gl.expand_dims(step, 1) + acc
-    _cta_barrier()
-    mbarrier.arrive(kv_empty.index(last))
-    return acc, m_i, l_i, cnt
-
-
-@gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
               turn, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
               seq_ptr, work_ptr, work_indptr_ptr,
@@ -375,7 +270,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, PV_OVERLAP: gl.constexpr):
+              K_SUB: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -398,12 +293,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     # P's buffers: double-buffered across blocks (one dot per block), or the block's two
     # halves (WIDE: both PV dots are waited for within the block).
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, SUB_N], gl.float8e4nv)
-    if WIDE and PV_OVERLAP:
-        # each half double-buffered: P(kb) is stored while PV(kb-1) reads the other set
-        p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, SUB_N], p_sl)
-        p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, SUB_N], p_sl)
-        p_smem = p_a
-    elif WIDE:
+    if WIDE:
         # separate allocations: Triton's membar pass puts a barrier between a store and an
         # async read of one allocation even where the indices differ
         p_a = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, SUB_N], p_sl)
@@ -436,14 +326,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         q_scale = gl.load(q_scale_ptr + q_row + offs_m)
         rows = row0 + offs_m
         mbarrier.wait(q_full, it & 1)
-        if WIDE and PV_OVERLAP:
-            gl.static_assert(K_SUB == 1, "one K scale per block")
-            acc, m_i, l_i, cnt = _consumer_item_wide_ov(
-                kv_lo, kv_hi, hi_fast, cnt, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
-                kv_full, kv_empty, k_len, rows, s_init, zero_o, BLOCK_M, BLOCK_N, SUB_N,
-                IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
-            mbarrier.arrive(q_empty)
-        elif WIDE:
+        if WIDE:
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
             acc = zero_o
@@ -567,7 +450,6 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    PV_OVERLAP: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -599,14 +481,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, PV_OVERLAP)),
+                     ABLATE_MISC, K_SUB)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, PV_OVERLAP)),
+                     ABLATE_MISC, K_SUB)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
