@@ -447,6 +447,8 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
             K_SUB=ws.k_sub,
+            # 256-key steps: the PV dots read P from registers instead of shared memory
+            P_REGS=cfg.get("sm90_p_regs", False),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

@@ -177,10 +177,11 @@ def _magic_preset(like):
 def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
                         PENDING: gl.constexpr, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                        s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr):
+                        s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
+                        P_REGS: gl.constexpr = False):
     """Softmax of a 256-key block from its two QK dots (``PENDING`` later dots still in
-    flight): one max over both halves, both halves' fp8 P stored into ``p_a``/``p_b``;
-    returns (m, l, alpha)."""
+    flight): one max over both halves, both halves' fp8 P (the PV dots' A operands) stored
+    into ``p_a``/``p_b`` unless ``P_REGS``; returns (m, l, alpha, P of each half)."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(PENDING + 1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
@@ -207,12 +208,14 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
     else:
         bias_b = bias_a
-    p8, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout)
-    p_a.store(p8)
-    p8, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout)
-    p_b.store(p8)
+    p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout)
+    if not P_REGS:
+        p_a.store(p8a)
+    p8b, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout)
+    if not P_REGS:
+        p_b.store(p8b)
     l_i = l_i * alpha + (l_a + l_b)
-    return m_new, l_i, alpha
+    return m_new, l_i, alpha, p8a, p8b
 
 
 @gluon.jit
@@ -221,7 +224,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
-                        K_SUB: gl.constexpr):
+                        K_SUB: gl.constexpr, P_REGS: gl.constexpr):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -235,6 +238,8 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     the second half across the loop's back edge instead spilled 4 KB (sm_90, triton 3.6).
 
     ``K_SUB``: K scales per block (2: one per 128 keys, the quantizer's sub-blocks).
+    ``P_REGS``: the PV dots read P from registers (V^T's kv order already matches them),
+    not from shared memory: no P store, fence or warpgroup barrier before them.
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
@@ -242,15 +247,21 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                            _magic_preset(s_init), is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
                            _magic_preset(s_init), is_async=True)
-    m_new, l_i, alpha = _wide_block_softmax(
+    m_new, l_i, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, 0, MASKED,
-        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB)
-    fence_async_shared()
-    _cta_barrier()
-    acc_tok = warpgroup_mma(p_a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
-                            use_acc=False, is_async=True)
-    acc_tok = warpgroup_mma(p_b, v_bufs.index(2 * slot + 1).permute((1, 0)), acc_tok,
-                            is_async=True)
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS)
+    if P_REGS:
+        acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
+                                use_acc=False, is_async=True)
+        acc_tok = warpgroup_mma(p8b, v_bufs.index(2 * slot + 1).permute((1, 0)), acc_tok,
+                                is_async=True)
+    else:
+        fence_async_shared()
+        _cta_barrier()
+        acc_tok = warpgroup_mma(p_a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
+                                use_acc=False, is_async=True)
+        acc_tok = warpgroup_mma(p_b, v_bufs.index(2 * slot + 1).permute((1, 0)), acc_tok,
+                                is_async=True)
     # From block kb-1's frame (max and V grid) to block kb's.
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
@@ -270,7 +281,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -336,14 +347,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB)
+                    K_SUB, P_REGS)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB)
+                    K_SUB, P_REGS)
                 cnt += 1
             mbarrier.arrive(q_empty)
         else:
@@ -450,6 +461,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
+    P_REGS: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -481,14 +493,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB)),
+                     ABLATE_MISC, K_SUB, P_REGS)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB)),
+                     ABLATE_MISC, K_SUB, P_REGS)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
