@@ -137,13 +137,17 @@ def main(path: str) -> int:
         # (warp-specialized, kv block): the one-warpgroup kernel, the ws kernel's 128-key
         # loop, and its 256-key steps, non-causal only as launch.WS_TILES/WS_CAUSAL_TILES
         # run them (ring depth as WS_TILES gives it)
+        from fp8dit import launch
+
         for ws, block_n in ((False, 128), (True, 128), (True, 256)):
             for dp in (64, 128):
-                stages = 2 if block_n == 256 else 3
+                tiles = launch.WS_TILES[dp] if block_n == 256 else {}
+                stages = tiles.get("sm90_stages", 2) if block_n == 256 else 3
+                extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
                 for causal in ((False,) if block_n == 256 else (False, True)):
                     try:
                         rep = dict(ok=True, **gluon_attention_report(
-                            dp, causal, ws, block_n=block_n, stages=stages))
+                            dp, causal, ws, extra=extra, block_n=block_n, stages=stages))
                     except Exception as e:  # noqa: BLE001 - reported to the test
                         rep = dict(ok=False, dp=dp, causal=causal, ws=ws, block_n=block_n,
                                    error=f"{type(e).__name__}: {str(e)[:2000]}")
