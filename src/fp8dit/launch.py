@@ -117,9 +117,13 @@ TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 # and its ring depth, per padded head dim.
 # 256 keys (run s6-1): +8-10% at D=128 over 128-key steps with PV under the next softmax;
 # at D=64 a tie with three stages, +4% with two. Shared memory: D=128 two stages 176 KB.
+# D=128: the PV dots read P from registers (``sm90_p_regs``, run s8-4, same process, bitwise
+# equal outputs): Wan 720p 912 / 907 TFLOPS against 852 / 846 with P in shared memory, Wan 480p
+# 894 / 890 against 826 / 821, HunyuanVideo 913 / 913 against 854 / 851 (three stages 1-2% less);
+# at D=64 (CogVideoX) 463 / 464 against 474 / 478, so D=64 keeps P in shared memory.
 WS_TILES: dict[int, dict] = {
     64: dict(block_n=256, sm90_stages=2),
-    128: dict(block_n=256, sm90_stages=2),
+    128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True),
 }
 # Keys per K scale in the warp-specialized kernel's 256-key blocks: 256 (one scale per
 # block), or 128 (two per block: the quantizer's sub-blocks). Same process (run s7-2, Wan
