@@ -15,7 +15,11 @@ keys as two dots of 128 over two 128-key K and V^T tiles per ring slot, and both
 waited for inside the step (``_consumer_step_wide``): per key, half the max reductions,
 rescales, folds, barriers and ring bookkeeping of the 128-key loop, at the cost of the
 in-warpgroup PV overlap, which the 240-register budget cannot keep next to 128 registers of
-S. On the H200 it runs 8-10% faster at D=128 (benchmarks/NOTES.md, session 6).
+S. On the H200 it runs 8-10% faster at D=128 (benchmarks/NOTES.md, session 6). With ``P_REGS``
+(the default at D=128) those PV dots read P from registers, as in the one-warpgroup kernel
+(V^T's kv order matches them): no P store, fence or warpgroup barrier before them, and ptxas
+issues the first half's PV under the second half's exponentials; 7-8% faster at D=128, 2%
+slower at D=64 (session 8).
 
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count)
