@@ -285,6 +285,38 @@ def part_drift(variants=None, lengths=(8192, 65536, 200000)):
             torch.cuda.empty_cache()
 
 
+def use_tiling(tilings, name):
+    """Select ``tilings[name]`` = (FP8DIT_KERNEL, launch.WS_TILES entries) for the next calls
+    (the scripts that compare loops of the warp-specialized kernel pass theirs)."""
+    kname, tiles = tilings[name]
+    os.environ["FP8DIT_KERNEL"] = kname
+    launch.WS_TILES.clear()
+    launch.WS_TILES.update({dp: dict(t) for dp, t in tiles.items()})
+
+
+def run_parts(namespace, default_parts, after_part=None) -> int:
+    """main() of a one-call GPU script: ``--parts`` (functions ``part_<name>`` in
+    ``namespace``), each failure recorded and the others still run, ``--out`` JSON rows."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default=default_parts)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""),
+           date=datetime.datetime.now().isoformat(timespec="seconds"))
+    for part in a.parts.split(","):
+        try:
+            namespace[f"part_{part}"]()
+        except Exception as e:  # noqa: BLE001 - keep the other parts' results
+            record(part=part, error=f"{type(e).__name__}: {e}"[:600])
+        if after_part:
+            after_part()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(ROWS, f, indent=1)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="check,speed,drift,stages")

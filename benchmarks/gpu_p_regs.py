@@ -2,12 +2,12 @@
 
     python3 benchmarks/gpu_p_regs.py [--parts same,check,speed,repeat] [--out F]
 
-``ws256``: the default warp-specialized loop (``_consumer_step_wide``: fp8 P stored to shared
-memory, a fence and a warpgroup barrier, then the two PV dots read it). ``ws256r``: the PV dots
-take P from registers (``sm90_p_regs``; V^T's kv order already matches the registers, as in the
-one-warpgroup kernel): no P store, fence or barrier, no P buffers (32 KB less shared memory),
-and ptxas issues PV of the first half under the second half's exponentials (sm_90 SASS,
-triton 3.6). ``ws256r3``: the same with three ring stages (the freed memory makes room).
+``ws256``: the warp-specialized loop as it was before run s8-4 (``_consumer_step_wide``: fp8 P
+stored to shared memory, a fence and a warpgroup barrier, then the two PV dots read it).
+``ws256r``: the PV dots take P from registers (``sm90_p_regs``; V^T's kv order already
+matches the registers, as in the one-warpgroup kernel): no P store, fence or barrier, no P
+buffers (32 KB less shared memory), and ptxas issues PV of the first half under the second
+half's exponentials (sm_90 SASS, triton 3.6). ``ws256r3``: the same with three ring stages.
 
 same:   ws256 and ws256r outputs and LSE bitwise equal (same values, same dots).
 check:  ``gpu_gluon.part_check`` (fp64 and the Triton kernel) for each variant.
@@ -17,15 +17,11 @@ repeat: 10 calls bitwise equal at 40k tokens, D=128 and D=64, with and without a
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
 import os
 import sys
 
 import torch
-import triton
 
 import fp8dit
 from fp8dit import launch
@@ -33,7 +29,7 @@ from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
 import gpu_gluon  # noqa: E402
-from gpu_gluon import ROWS, record  # noqa: E402
+from gpu_gluon import record  # noqa: E402
 
 DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
 
@@ -43,18 +39,15 @@ def _tiles(**kw):
 
 
 TILINGS = {
-    "ws256": ("gluon-ws", DEFAULT_TILES),
+    # explicit: P in registers became the D=128 default after run s8-4
+    "ws256": ("gluon-ws", _tiles(sm90_p_regs=False, sm90_stages=2)),
     "ws256r": ("gluon-ws", _tiles(sm90_p_regs=True, sm90_stages=2)),
     "ws256r3": ("gluon-ws", _tiles(sm90_p_regs=True, sm90_stages=3)),
     "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
 }
 
 
-def use(tiling):
-    kname, tiles = TILINGS[tiling]
-    os.environ["FP8DIT_KERNEL"] = kname
-    launch.WS_TILES.clear()
-    launch.WS_TILES.update({dp: dict(t) for dp, t in tiles.items()})
+use = functools.partial(gpu_gluon.use_tiling, TILINGS)
 
 
 VARIANTS = {t: functools.partial(use, t) for t in TILINGS}
@@ -105,23 +98,8 @@ def part_repeat():
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="same,check,speed,repeat")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args()
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""),
-           date=datetime.datetime.now().isoformat(timespec="seconds"))
-    for part in a.parts.split(","):
-        try:
-            globals()[f"part_{part}"]()
-        except Exception as e:  # noqa: BLE001 - keep the other parts' results
-            record(part=part, error=f"{type(e).__name__}: {e}"[:600])
-        use("triton")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(ROWS, f, indent=1)
-    return 0
+    return gpu_gluon.run_parts(globals(), "same,check,speed,repeat",
+                               after_part=functools.partial(use, "triton"))
 
 
 if __name__ == "__main__":

@@ -15,16 +15,12 @@ checked and timed an opt-in D=64 loop with PV under the next softmax (slower, re
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
 import math
 import os
 import sys
 
 import torch
-import triton
 
 from fp8dit import launch
 from fp8dit import plan as plan_mod
@@ -32,7 +28,8 @@ from fp8dit.recipes import get_recipe
 from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_gluon import ROWS, record  # noqa: E402
+import gpu_gluon  # noqa: E402
+from gpu_gluon import record  # noqa: E402
 from gpu_quant_warps import time_ms  # noqa: E402
 
 # name -> (rows per program, stats chunks offered, stats warps); run s8-1 timed the first two
@@ -84,22 +81,7 @@ def part_quant():
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="quant")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args()
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""),
-           date=datetime.datetime.now().isoformat(timespec="seconds"))
-    for part in a.parts.split(","):
-        try:
-            globals()[f"part_{part}"]()
-        except Exception as e:  # noqa: BLE001 - keep the other parts' results
-            record(part=part, error=f"{type(e).__name__}: {e}"[:600])
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(ROWS, f, indent=1)
-    return 0
+    return gpu_gluon.run_parts(globals(), "quant")
 
 
 if __name__ == "__main__":

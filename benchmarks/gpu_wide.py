@@ -17,15 +17,11 @@ repeat: 10 calls bitwise equal at 40k tokens, with and without a 3-way split-KV.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
 import os
 import sys
 
 import torch
-import triton
 
 import fp8dit
 from fp8dit import launch
@@ -33,7 +29,7 @@ from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
 import gpu_gluon  # noqa: E402
-from gpu_gluon import ROWS, record  # noqa: E402
+from gpu_gluon import record  # noqa: E402
 
 DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
 # name -> (kernel, WS_TILES entries); "triton" last: gpu_gluon's reference, whose setup also
@@ -47,11 +43,7 @@ TILINGS = {
 }
 
 
-def use(tiling):
-    kname, tiles = TILINGS[tiling]
-    os.environ["FP8DIT_KERNEL"] = kname
-    launch.WS_TILES.clear()
-    launch.WS_TILES.update({dp: dict(t) for dp, t in tiles.items()})
+use = functools.partial(gpu_gluon.use_tiling, TILINGS)
 
 
 VARIANTS = {t: functools.partial(use, t) for t in TILINGS}
@@ -81,22 +73,7 @@ def part_repeat():
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="check,speed,drift,repeat")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args()
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""),
-           date=datetime.datetime.now().isoformat(timespec="seconds"))
-    for part in a.parts.split(","):
-        try:
-            globals()[f"part_{part}"]()
-        except Exception as e:  # noqa: BLE001 - keep the other parts' results
-            record(part=part, error=f"{type(e).__name__}: {e}"[:600])
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(ROWS, f, indent=1)
-    return 0
+    return gpu_gluon.run_parts(globals(), "check,speed,drift,repeat")
 
 
 if __name__ == "__main__":

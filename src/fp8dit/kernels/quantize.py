@@ -236,8 +236,8 @@ def quantize_kv_kernel(
     ``KAMAX_FROM_STATS`` (with ``SUBBLOCKS``): one K scale per attention block all the same,
     from the block's channel max and min that ``kv_channel_stats_kernel(KBLK)`` stored in
     ``kblk`` (bitwise the amax a program spanning the block would take, and its non-finite
-    flag): 128-row programs, which ran the Wan 720p quantization in 2.4 ms against 3.6 for
-    256-row ones (run s7-4).
+    flag): 128-row programs, which spill far less than 256-row ones at D=128 (the Wan 720p
+    quantization 3.2 ms against 3.7, run s8-2; ``launch.KV_QUANT_ROWS`` says where it runs).
 
     ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
     column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
