@@ -453,8 +453,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             K_SUB=ws.k_sub,
             # 256-key steps: the PV dots read P from registers instead of shared memory
             P_REGS=cfg.get("sm90_p_regs", False),
-            # 256-key steps: exp2 of some elements on the FMA pipe (kernels/exp2_poly.py)
-            EXP_MODE=cfg.get("sm90_exp_mode", 0),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

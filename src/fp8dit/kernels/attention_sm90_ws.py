@@ -39,7 +39,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .exp2_poly import exp2_ptx
 from .attention_sm90 import (
     I2F_MAGIC,
     I2F_MAGIC_BITS,
@@ -158,47 +157,12 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     return p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns
 
 
-# exp2 with some elements on the FMA pipe (``EXP_MODE`` = 10 * of-every-4 + degree, see
-# kernels/exp2_poly.py; 0: MUFU only)
-EXP2_ASM_12 = gl.constexpr(exp2_ptx(1, 2))
-EXP2_ASM_13 = gl.constexpr(exp2_ptx(1, 3))
-EXP2_ASM_22 = gl.constexpr(exp2_ptx(2, 2))
-EXP2_ASM_23 = gl.constexpr(exp2_ptx(2, 3))
-EXP2_ASM_43 = gl.constexpr(exp2_ptx(4, 3))  # all on the FMA pipe: accuracy checks
-
-
-@gluon.jit
-def _exp2_asm(x, asm: gl.constexpr):
-    return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32,
-                                     is_pure=True, pack=4)
-
-
-@gluon.jit
-def _exp2_mixed(x, EXP_MODE: gl.constexpr):
-    if EXP_MODE == 12:
-        y = _exp2_asm(x, EXP2_ASM_12)
-    elif EXP_MODE == 13:
-        y = _exp2_asm(x, EXP2_ASM_13)
-    elif EXP_MODE == 22:
-        y = _exp2_asm(x, EXP2_ASM_22)
-    elif EXP_MODE == 23:
-        y = _exp2_asm(x, EXP2_ASM_23)
-    elif EXP_MODE == 43:
-        y = _exp2_asm(x, EXP2_ASM_43)
-    elif EXP_MODE == -1:  # timing only (wrong results): no exponential at all
-        y = x
-    else:
-        gl.static_assert(EXP_MODE == 0, "EXP_MODE: 0, 12, 13, 22, 23, 43 or -1")
-        y = gl.exp2(x)
-    return y
-
-
 @gluon.jit
 def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
-              row_layout: gl.constexpr, p_layout: gl.constexpr, EXP_MODE: gl.constexpr = 0):
+              row_layout: gl.constexpr, p_layout: gl.constexpr):
     """P of one 128-key half (fp8 in the PV dot's A layout, see ``_softmax_block``) and its
     row sum."""
-    p = _exp2_mixed(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1), EXP_MODE)
+    p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
     l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
     return _p_to_fp8(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), l_part
 
@@ -218,7 +182,7 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
                         PENDING: gl.constexpr, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
-                        P_REGS: gl.constexpr = False, EXP_MODE: gl.constexpr = 0):
+                        P_REGS: gl.constexpr = False):
     """Softmax of a 256-key block from its two QK dots (``PENDING`` later dots still in
     flight): one max over both halves, both halves' fp8 P (the PV dots' A operands) stored
     into ``p_a``/``p_b`` unless ``P_REGS``; returns (m, l, alpha, P of each half)."""
@@ -248,10 +212,10 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
     else:
         bias_b = bias_a
-    p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout, EXP_MODE)
+    p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout)
     if not P_REGS:
         p_a.store(p8a)
-    p8b, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout, EXP_MODE)
+    p8b, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout)
     if not P_REGS:
         p_b.store(p8b)
     l_i = l_i * alpha + (l_a + l_b)
@@ -264,7 +228,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
-                        K_SUB: gl.constexpr, P_REGS: gl.constexpr, EXP_MODE: gl.constexpr):
+                        K_SUB: gl.constexpr, P_REGS: gl.constexpr):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -289,7 +253,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                            _magic_preset(s_init), is_async=True)
     m_new, l_i, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, 0, MASKED,
-        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS, EXP_MODE)
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)
@@ -321,7 +285,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr, EXP_MODE: gl.constexpr):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -387,14 +351,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, EXP_MODE)
+                    K_SUB, P_REGS)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, EXP_MODE)
+                    K_SUB, P_REGS)
                 cnt += 1
             mbarrier.arrive(q_empty)
         else:
@@ -501,7 +465,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, EXP_MODE: gl.constexpr = 0,
+    P_REGS: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -533,14 +497,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, EXP_MODE)),
+                     ABLATE_MISC, K_SUB, P_REGS)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, EXP_MODE)),
+                     ABLATE_MISC, K_SUB, P_REGS)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
