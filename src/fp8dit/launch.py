@@ -342,7 +342,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     # per kv block: K's channel max and min (kamax_stats)
     kblk = (torch.empty(Hkv, plan.n_kblocks, 2, Dp, device=dev, dtype=f32) if kamax_stats
             else stats)
-    k_mean = torch.zeros(B, Hkv, Dp, device=dev, dtype=f32)
+    # written by the finalize pass whenever there are keys; zeros (a memset launch) only for
+    # the quantize_q pass of a plan without any
+    k_mean = (torch.empty if plan.n_chunks else torch.zeros)(B, Hkv, Dp, device=dev, dtype=f32)
     # amax[0:3] = tensor-wide max |q|, |k|, |v|; read only with TENSOR_SCALES.
     amax = torch.empty(3, device=dev, dtype=f32)
     if tensor_scales:
