@@ -158,37 +158,12 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
 
 
 @gluon.jit
-def _lane_view(x, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr):
-    """S-accumulator-layout [BLOCK_M, SUB_N] as [BLOCK_M, SUB_N // 16, 2, 4, 2]: column
-    16a + 8h + 2c + e; a thread holds every a, h, e of its rows and one c (its lane in the
-    row's quad), so reductions over axes 1, 2 and 4 stay inside the thread."""
-    return gl.reshape(x, [BLOCK_M, SUB_N // 16, 2, 4, 2])
-
-
-@gluon.jit
-def _lane_max(x, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr):
-    """Per-thread row max [BLOCK_M, 4] (one value per lane of the row's quad): no shuffle."""
-    x5 = _lane_view(x, BLOCK_M, SUB_N)
-    return gl.max(gl.max(gl.max(x5, axis=4), axis=2), axis=1)
-
-
-@gluon.jit
-def _lane_sum(x, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr):
-    """Per-thread row sum [BLOCK_M, 4]: no shuffle (see ``_lane_max``)."""
-    x5 = _lane_view(x, BLOCK_M, SUB_N)
-    return gl.sum(gl.sum(gl.sum(x5, axis=4), axis=2), axis=1)
-
-
-@gluon.jit
 def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
-              row_layout: gl.constexpr, p_layout: gl.constexpr, LANE_SUMS: gl.constexpr = False):
+              row_layout: gl.constexpr, p_layout: gl.constexpr):
     """P of one 128-key half (fp8 in the PV dot's A layout, see ``_softmax_block``) and its
-    row sum (``LANE_SUMS``: per thread, [BLOCK_M, 4], see ``_lane_sum``)."""
+    row sum."""
     p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
-    if LANE_SUMS:
-        l_part = _lane_sum(p, BLOCK_M, SUB_N)
-    else:
-        l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
+    l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
     return _p_to_fp8(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), l_part
 
 
@@ -207,7 +182,7 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
                         PENDING: gl.constexpr, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
-                        P_REGS: gl.constexpr = False, LANE_SUMS: gl.constexpr = False):
+                        P_REGS: gl.constexpr = False):
     """Softmax of a 256-key block from its two QK dots (``PENDING`` later dots still in
     flight): one max over both halves, both halves' fp8 P (the PV dots' A operands) stored
     into ``p_a``/``p_b`` unless ``P_REGS``; returns (m, l, alpha, P of each half)."""
@@ -225,18 +200,10 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
     else:  # one scale for the block: the max over both halves' raw scores, then scaled
         c_a = q_scale * gl.load(ks_base + kb)
         c_b = c_a
-        if LANE_SUMS:
-            # both halves' per-thread maxima first, then one exchange within the quads
-            mx = _lane_max(s_a, BLOCK_M, SUB_N)
-            s_b = _scores(warpgroup_mma_wait(PENDING, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                          MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-            mx = gl.max(gl.maximum(mx, _lane_max(s_b, BLOCK_M, SUB_N)), axis=1)
-            mx = gl.convert_layout(mx, row_s, assert_trivial=True)
-        else:
-            mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
-            s_b = _scores(warpgroup_mma_wait(PENDING, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                          MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-            mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
+        mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
+        s_b = _scores(warpgroup_mma_wait(PENDING, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
+                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+        mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
         m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
@@ -245,18 +212,13 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
     else:
         bias_b = bias_a
-    p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout, LANE_SUMS)
+    p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout)
     if not P_REGS:
         p_a.store(p8a)
-    p8b, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout, LANE_SUMS)
+    p8b, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout)
     if not P_REGS:
         p_b.store(p8b)
-    if LANE_SUMS:  # l_i: per-thread partial sums [BLOCK_M, 4], added up once per item
-        alpha_l = gl.convert_layout(alpha, gl.SliceLayout(1, l_a.type.layout),
-                                    assert_trivial=True)
-        l_i = l_i * gl.expand_dims(alpha_l, 1) + (l_a + l_b)
-    else:
-        l_i = l_i * alpha + (l_a + l_b)
+    l_i = l_i * alpha + (l_a + l_b)
     return m_new, l_i, alpha, p8a, p8b
 
 
@@ -266,8 +228,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
-                        K_SUB: gl.constexpr, P_REGS: gl.constexpr,
-                        LANE_SUMS: gl.constexpr = False):
+                        K_SUB: gl.constexpr, P_REGS: gl.constexpr):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -292,7 +253,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                            _magic_preset(s_init), is_async=True)
     m_new, l_i, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, 0, MASKED,
-        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS, LANE_SUMS)
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)
@@ -324,7 +285,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr, LANE_SUMS: gl.constexpr):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -382,10 +343,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         mbarrier.wait(q_full, it & 1)
         if WIDE:
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-            if LANE_SUMS:
-                l_i = _lane_sum(gl.zeros([BLOCK_M, SUB_N], gl.float32, s_layout), BLOCK_M, SUB_N)
-            else:
-                l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+            l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
             acc = zero_o
             hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo)
             for kb in range(kv_lo, hi_main):
@@ -393,18 +351,16 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, LANE_SUMS)
+                    K_SUB, P_REGS)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, LANE_SUMS)
+                    K_SUB, P_REGS)
                 cnt += 1
             mbarrier.arrive(q_empty)
-            if LANE_SUMS:
-                l_i = gl.convert_layout(gl.sum(l_i, axis=1), row_s, assert_trivial=True)
         else:
             acc, m_i, l_i, cnt, n_turns = _consumer_item(
                 kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k_bufs, v_bufs,
@@ -509,7 +465,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, LANE_SUMS: gl.constexpr = False,
+    P_REGS: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -541,14 +497,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, LANE_SUMS)),
+                     ABLATE_MISC, K_SUB, P_REGS)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, LANE_SUMS)),
+                     ABLATE_MISC, K_SUB, P_REGS)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
