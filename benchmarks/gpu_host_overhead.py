@@ -78,6 +78,18 @@ def graph_ms(fn):
     return stream_ms(g.replay)
 
 
+def _paths(q, k, v) -> dict:
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qh, kh, vh)
+
+    return {"fp8": lambda: fp8dit.attention(q, k, v, backend="fp8"),
+            "auto": lambda: fp8dit.attention(q, k, v, backend="auto"),
+            "sdpa-cudnn": sdpa}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
@@ -89,15 +101,7 @@ def main() -> int:
     for name, (B, H, S, D) in shapes.items():
         q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
-        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-
-        def sdpa():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qh, kh, vh)
-
-        paths = {"fp8": lambda: fp8dit.attention(q, k, v, backend="fp8"),
-                 "auto": lambda: fp8dit.attention(q, k, v, backend="auto"),
-                 "sdpa-cudnn": sdpa}
+        paths = _paths(q, k, v)
         for pname, fn in paths.items():
             fn()
             torch.cuda.synchronize()
@@ -121,7 +125,7 @@ def main() -> int:
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
             print(buf.getvalue(), flush=True)
-        del q, k, v, qh, kh, vh
+        del q, k, v, paths, fn
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
