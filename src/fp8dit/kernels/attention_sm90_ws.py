@@ -228,7 +228,8 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
-                        K_SUB: gl.constexpr, P_REGS: gl.constexpr):
+                        K_SUB: gl.constexpr, P_REGS: gl.constexpr,
+                        ABLATE_MISC: gl.constexpr = 0):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -247,10 +248,14 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
+    # ABLATE_MISC (timing only, wrong results): 1 = no magic preset of the QK accumulators,
+    # 2 = no fold of the block's PV sum into the fp32 sum
     sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
+                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
+                           is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
+                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
+                           is_async=True)
     m_new, l_i, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, 0, MASKED,
         BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS)
@@ -269,7 +274,10 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     # From block kb-1's frame (max and V grid) to block kb's.
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    acc_m = acc_m * gl.expand_dims(step, 1) + acc
+    if (ABLATE_MISC & 2) == 0:
+        acc_m = acc_m * gl.expand_dims(step, 1) + acc
+    else:
+        acc_m = acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
     mbarrier.arrive(kv_empty.index(slot))
@@ -351,14 +359,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS)
+                    K_SUB, P_REGS, ABLATE_MISC)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS)
+                    K_SUB, P_REGS, ABLATE_MISC)
                 cnt += 1
             mbarrier.arrive(q_empty)
         else:
