@@ -455,8 +455,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             K_SUB=ws.k_sub,
             # 256-key steps: the PV dots read P from registers instead of shared memory
             P_REGS=cfg.get("sm90_p_regs", False),
-            # 256-key steps: QK accumulators from zero, scores converted after the dot
-            QK_CVT=cfg.get("sm90_qk_cvt", False),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
