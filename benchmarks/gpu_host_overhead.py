@@ -1,6 +1,6 @@
 """One H200 call: what fp8dit's host (Python) side costs per call, where the GPU time is short.
 
-    python3 benchmarks/gpu_host_overhead.py [--out F]
+    python3 benchmarks/gpu_host_overhead.py [--parts host] [--out F]
 
 Why: at Flux's shape one attention takes ~0.4 ms of GPU time, and the end-to-end figure of
 `fp8dit bench` moved between 0.52 and 0.82 ms across runs with SASS-identical kernels.
@@ -17,29 +17,27 @@ Then a cProfile of 50 fp8 calls at the Flux shape (top 25 functions by own time)
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
-import triton
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fp8dit
 
-ROWS = []
+sys.path.insert(0, os.path.dirname(__file__))
+import gpu_gluon  # noqa: E402
+from gpu_gluon import record  # noqa: E402
 
-
-def record(**kw):
-    ROWS.append(kw)
-    print(json.dumps(kw), flush=True)
+SHAPES = {"flux-1024": (1, 24, 4608, 128), "cogvideox-5b": (1, 48, 17776, 64),
+          "wan2.1-1.3b-480p": (1, 12, 32760, 128)}
 
 
 def host_us(fn, n=50):
@@ -90,15 +88,20 @@ def _paths(q, k, v) -> dict:
             "sdpa-cudnn": sdpa}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="")
-    a = ap.parse_args()
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""))
-    shapes = {"flux-1024": (1, 24, 4608, 128), "cogvideox-5b": (1, 48, 17776, 64),
-              "wan2.1-1.3b-480p": (1, 12, 32760, 128)}
-    for name, (B, H, S, D) in shapes.items():
+def _profile(fn, calls=50):
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    print(buf.getvalue(), flush=True)
+
+
+def part_host():
+    for name, (B, H, S, D) in SHAPES.items():
         q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
         paths = _paths(q, k, v)
@@ -115,22 +118,13 @@ def main() -> int:
                     row["graph_error"] = f"{type(e).__name__}: {e}"[:300]
             record(**row)
         if name == "flux-1024":
-            fn = paths["fp8"]
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(50):
-                fn()
-            prof.disable()
-            torch.cuda.synchronize()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-            print(buf.getvalue(), flush=True)
-        del q, k, v, paths, fn
+            _profile(paths["fp8"])
+        del q, k, v, paths
         torch.cuda.empty_cache()
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(ROWS, f, indent=1)
-    return 0
+
+
+def main() -> int:
+    return gpu_gluon.run_parts(globals(), "host")
 
 
 if __name__ == "__main__":

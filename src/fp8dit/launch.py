@@ -450,7 +450,8 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
             PINGPONG=cfg.get("sm90_pingpong", False),
             # benchmarks only (wrong results), bits: 1 = no magic preset of the QK accumulator,
-            # 2 = no per-block O rescale (with sm90_two_level=False), 4 = no row sum
+            # 2 = no per-block O rescale (with sm90_two_level=False; 256-key steps: no fold of
+            # the block's PV sum into the fp32 sum), 4 = no row sum (128-key steps)
             ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
             K_SUB=ws.k_sub,
             # 256-key steps: the PV dots read P from registers instead of shared memory

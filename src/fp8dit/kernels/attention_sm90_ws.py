@@ -179,21 +179,21 @@ def _magic_preset(like):
 
 @gluon.jit
 def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
-                        PENDING: gl.constexpr, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
+                        MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
                         P_REGS: gl.constexpr = False):
-    """Softmax of a 256-key block from its two QK dots (``PENDING`` later dots still in
-    flight): one max over both halves, both halves' fp8 P (the PV dots' A operands) stored
-    into ``p_a``/``p_b`` unless ``P_REGS``; returns (m, l, alpha, P of each half)."""
+    """Softmax of a 256-key block from its two QK dots: one max over both halves, both
+    halves' fp8 P (the PV dots' A operands) stored into ``p_a``/``p_b`` unless ``P_REGS``;
+    returns (m, l, alpha, P of each half)."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_a = _scores(warpgroup_mma_wait(PENDING + 1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
+    s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
     if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
         c_a = q_scale * gl.load(ks_base + 2 * kb)
         c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
         m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
-        s_b = _scores(warpgroup_mma_wait(PENDING, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
+        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
                       MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
         m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
         m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
@@ -201,7 +201,7 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         c_a = q_scale * gl.load(ks_base + kb)
         c_b = c_a
         mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
-        s_b = _scores(warpgroup_mma_wait(PENDING, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
+        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
                       MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
         mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
         m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
@@ -257,7 +257,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                            _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
                            is_async=True)
     m_new, l_i, alpha, p8a, p8b = _wide_block_softmax(
-        sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, 0, MASKED,
+        sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
         BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
