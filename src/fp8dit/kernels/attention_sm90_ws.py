@@ -178,38 +178,60 @@ def _magic_preset(like):
 
 
 @gluon.jit
+def _qk_scores(s_i, QK_CVT: gl.constexpr):
+    """An int32 QK accumulator for ``_scores``'s bitcast. ``QK_CVT`` 0: preset to the magic
+    constant before the dot, used as is; 1: from zero, converted (I2FP); 2: from zero, the
+    magic constant's bits added after the dot (IADD, same floats as 0)."""
+    if QK_CVT == 1:
+        s = s_i.to(gl.float32)
+    elif QK_CVT == 2:
+        s = s_i + I2F_MAGIC_BITS
+    else:
+        s = s_i
+    return s
+
+
+@gluon.jit
 def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
-                        P_REGS: gl.constexpr = False):
+                        P_REGS: gl.constexpr = False, QK_CVT: gl.constexpr = 0):
     """Softmax of a 256-key block from its two QK dots: one max over both halves, both
     halves' fp8 P (the PV dots' A operands) stored into ``p_a``/``p_b`` unless ``P_REGS``;
     returns (m, l, alpha, P of each half)."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
-                  rows, SUB_N, IS_CAUSAL, s_layout)
+    # QK_CVT 1: the accumulators started at zero and their int32 scores are converted here
+    # (no magic offset to take out of the max and the exponent's bias)
+    if QK_CVT == 1:
+        mg = 0.0
+    else:
+        mg = I2F_MAGIC
+    s_a = _qk_scores(warpgroup_mma_wait(1, deps=[sa_tok]), QK_CVT)
+    s_a = _scores(s_a, kb * BLOCK_N, MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
     if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
         c_a = q_scale * gl.load(ks_base + 2 * kb)
         c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
-        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
-        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
+        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - mg) * c_a
+        s_b = _qk_scores(warpgroup_mma_wait(0, deps=[sb_tok]), QK_CVT)
+        s_b = _scores(s_b, kb * BLOCK_N + SUB_N, MASKED, k_len, rows, SUB_N, IS_CAUSAL,
+                      s_layout)
+        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - mg) * c_b
         m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
     else:  # one scale for the block: the max over both halves' raw scores, then scaled
         c_a = q_scale * gl.load(ks_base + kb)
         c_b = c_a
         mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
-        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+        s_b = _qk_scores(warpgroup_mma_wait(0, deps=[sb_tok]), QK_CVT)
+        s_b = _scores(s_b, kb * BLOCK_N + SUB_N, MASKED, k_len, rows, SUB_N, IS_CAUSAL,
+                      s_layout)
         mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
-        m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
+        m_new = gl.maximum(m_i, (mx - mg) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
-    bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
+    bias_a = m_ref - P_SHIFT + mg * c_a
     if K_SUB == 2:
-        bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
+        bias_b = m_ref - P_SHIFT + mg * c_b
     else:
         bias_b = bias_a
     p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout)
@@ -229,7 +251,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
-                        ABLATE_MISC: gl.constexpr = 0):
+                        ABLATE_MISC: gl.constexpr = 0, QK_CVT: gl.constexpr = 0):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -251,14 +273,14 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     # ABLATE_MISC (timing only, wrong results): 1 = no magic preset of the QK accumulators,
     # 2 = no fold of the block's PV sum into the fp32 sum
     sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
-                           is_async=True)
+                           _magic_preset(s_init),
+                           use_acc=(ABLATE_MISC & 1) == 0 and QK_CVT == 0, is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
-                           is_async=True)
+                           _magic_preset(s_init),
+                           use_acc=(ABLATE_MISC & 1) == 0 and QK_CVT == 0, is_async=True)
     m_new, l_i, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
-        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS)
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS, QK_CVT)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)
@@ -293,7 +315,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr, QK_CVT: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -359,14 +381,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC)
+                    K_SUB, P_REGS, ABLATE_MISC, QK_CVT)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC)
+                    K_SUB, P_REGS, ABLATE_MISC, QK_CVT)
                 cnt += 1
             mbarrier.arrive(q_empty)
         else:
@@ -473,7 +495,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False,
+    P_REGS: gl.constexpr = False, QK_CVT: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -505,14 +527,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS)),
+                     ABLATE_MISC, K_SUB, P_REGS, QK_CVT)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS)),
+                     ABLATE_MISC, K_SUB, P_REGS, QK_CVT)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
