@@ -258,7 +258,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
                         ABLATE_MISC: gl.constexpr = 0, QK_CVT: gl.constexpr = 0,
-                        ones_t=None, zero_l=None, ROWSUM_DOT: gl.constexpr = False,
+                        ones_t=None, zero_l=None, ROWSUM_DOT: gl.constexpr = 0,
                         l_layout: gl.constexpr = None):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
@@ -311,9 +311,10 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     if ROWSUM_DOT:
         pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
                                                       k_width=4)
-        l_tok = warpgroup_mma(gl.convert_layout(p8a, pl_layout, assert_trivial=True), ones_t,
+        ones = ones_t.index(slot).permute((1, 0))
+        l_tok = warpgroup_mma(gl.convert_layout(p8a, pl_layout, assert_trivial=True), ones,
                               zero_l, use_acc=False, is_async=True)
-        l_tok = warpgroup_mma(gl.convert_layout(p8b, pl_layout, assert_trivial=True), ones_t,
+        l_tok = warpgroup_mma(gl.convert_layout(p8b, pl_layout, assert_trivial=True), ones,
                               l_tok, is_async=True)
         acc, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
         row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
@@ -374,20 +375,27 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, SUB_N], p_sl)
         p_a = p_smem
         p_b = p_smem
-    # ROWSUM_DOT: P's row sums from N=8 dots with a tile of ones ([SUB_N keys, 8], 1 KB)
+    # ROWSUM_DOT (N > 0): P's row sums from N-wide dots with a tile of ones ([SUB_N keys, N])
+    L_N: gl.constexpr = ROWSUM_DOT if ROWSUM_DOT > 8 else 8
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32])
-    zero_l = gl.zeros([BLOCK_M, 8], gl.float32, l_layout)
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 32])
+    zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
     if ROWSUM_DOT:
         gl.static_assert(WIDE and P_REGS, "the row-sum dot takes P from registers")
-        ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, SUB_N], gl.float8e4nv)
-        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [8, SUB_N], ones_sl)
+        # One tile per ring slot, read as ``ones_t.index(slot)``: with one loop-invariant tile,
+        # ptxas (12.8 and 12.9, sm_90a) kept its four k-step descriptors in uniform registers
+        # and reused two of them for other values before the last dots read them (wrong sums;
+        # session 7's NaNs too). A slot-dependent address is computed in the step, as V's is.
+        ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_N, SUB_N],
+                                                                     gl.float8e4nv)
+        ones_t = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, L_N, SUB_N], ones_sl)
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 4], [1, 0])
-        ones_smem.store(gl.full([8, SUB_N], 1.0, gl.float32, fill).to(gl.float8e4nv))
-        # every thread's part of the tile visible to the async proxy before any warp's dot
+        for i in gl.static_range(STAGES):
+            ones_t.index(i).store(gl.full([L_N, SUB_N], 1.0, gl.float32, fill)
+                                  .to(gl.float8e4nv))
+        # every thread's part of the tiles visible to the async proxy before any warp's dot
         fence_async_shared()
         _cta_barrier()
-        ones_t = ones_smem.permute((1, 0))
     else:
         ones_t = None
 
@@ -435,7 +443,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
                     K_SUB, P_REGS, ABLATE_MISC, QK_CVT, ones_t, zero_l, ROWSUM_DOT, l_layout)
                 cnt += 1
-            if ROWSUM_DOT:  # the 8 columns are equal
+            if ROWSUM_DOT:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
             mbarrier.arrive(q_empty)
         else:
@@ -542,7 +550,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, QK_CVT: gl.constexpr = 0, ROWSUM_DOT: gl.constexpr = False,
+    P_REGS: gl.constexpr = False, QK_CVT: gl.constexpr = 0, ROWSUM_DOT: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
