@@ -31,6 +31,10 @@ TILINGS = {
     **{f"rowsum{n}": ("gluon-ws", {dp: {**t, "sm90_p_regs": True, "sm90_rowsum_dot": n}
                                    for dp, t in DEFAULT_TILES.items()})
        for n in (8, 16, 64)},
+    # the row-sum dots issued after PV's wait and waited for alone (ABLATE_MISC 8)
+    "rowsum8sync": ("gluon-ws", {dp: {**t, "sm90_p_regs": True, "sm90_rowsum_dot": 8,
+                                      "sm90_ablate_misc": 8}
+                                 for dp, t in DEFAULT_TILES.items()}),
     "triton": ("triton", DEFAULT_TILES),
 }
 use = functools.partial(gpu_gluon.use_tiling, TILINGS)
@@ -44,9 +48,10 @@ def _ratio(o_def, o_var):
     return r.nanmedian(dim=-1).values  # [S, H]
 
 
-def part_probe():
+def part_probe(lengths=(32, 33, 64, 65, 96, 128, 129, 160, 256, 257, 512, 1000, 4096),
+               names=("rowsum8", "rowsum16", "rowsum64")):
     for D in (128, 64):
-        for S in (32, 33, 64, 65, 96, 128, 129, 160, 256, 257, 512, 1000, 4096):
+        for S in lengths:
             for fam in ("zeros", "normal"):
                 q, k, v = make_qkv(1, 2, S, D, device="cuda", seed=S)
                 if fam == "zeros":
@@ -54,13 +59,13 @@ def part_probe():
                 use("default")
                 o_def = fp8dit.attention(q, k, v, backend="fp8")
                 rec = {}
-                for n in (8, 16, 64):
-                    use(f"rowsum{n}")
+                for n in names:
+                    use(n)
                     try:
                         o = fp8dit.attention(q, k, v, backend="fp8")
                         r = _ratio(o_def, o)
                         fin = r[torch.isfinite(r)]
-                        rec[f"n{n}"] = dict(
+                        rec[n] = dict(
                             nan_rows=int((~torch.isfinite(r)).sum()),
                             min=fin.min().item() if fin.numel() else None,
                             median=fin.median().item() if fin.numel() else None,
@@ -68,9 +73,13 @@ def part_probe():
                             first_rows=[round(x, 4) for x in r[:4, 0].tolist()],
                             equal=bool(torch.equal(o, o_def)))
                     except Exception as e:  # noqa: BLE001 - a failure is a result
-                        rec[f"n{n}"] = dict(error=f"{type(e).__name__}: {e}"[:300])
+                        rec[n] = dict(error=f"{type(e).__name__}: {e}"[:300])
                 record(part="probe", D=D, S=S, family=fam, **rec)
     use("triton")
+
+
+def part_sync():
+    part_probe((32, 256, 4096), ("rowsum8", "rowsum8sync"))
 
 
 def main() -> int:

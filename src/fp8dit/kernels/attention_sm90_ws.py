@@ -312,11 +312,18 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
                                                       k_width=4)
         ones = ones_t.index(slot).permute((1, 0))
+        # ABLATE_MISC 8 (debugging the wrong sums of run s10-2): PV waited for first, then
+        # the row-sum dots issued and waited for on their own
+        if (ABLATE_MISC & 8) != 0:
+            acc = warpgroup_mma_wait(0, deps=[acc_tok])
         l_tok = warpgroup_mma(gl.convert_layout(p8a, pl_layout, assert_trivial=True), ones,
                               zero_l, use_acc=False, is_async=True)
         l_tok = warpgroup_mma(gl.convert_layout(p8b, pl_layout, assert_trivial=True), ones,
                               l_tok, is_async=True)
-        acc, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
+        if (ABLATE_MISC & 8) != 0:
+            l_blk = warpgroup_mma_wait(0, deps=[l_tok])
+        else:
+            acc, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
         row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
         l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, row_l, assert_trivial=True),
                                      1) + l_blk
