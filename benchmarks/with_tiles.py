@@ -6,8 +6,8 @@
 
 ``--tiles``: ``dp:key=value,...`` per padded head dim, ``;``-separated (values true/false or
 integers), put into ``launch.TILE_OVERRIDES`` (applied on top of the defaults of every call at
-that head dim); empty: the defaults. Used where one device call decides a default from its
-own check (``gate_rowsum.py``) and then measures it.
+that head dim); empty: the defaults. For one device call that checks a candidate default
+and then runs the standard benchmarks with it (commit a48bd80's ``gate_rowsum.py`` did).
 """
 
 from __future__ import annotations
