@@ -6,7 +6,8 @@ the warp-specialized kernel's 256-key step, came out wrong there, commits 4a274e
 
 Prints, per N and B (ones, random): max |gluon - torch| against the fp32 reference. Run s7-3
 (H200, triton 3.6): exact to fp32 rounding for N = 8, 16, 32 (max error 0.08 on sums up to
-577), so the narrow dot alone is not what broke the kernel.
+577), so the narrow dot alone is not what broke the kernel. Session 10 adds A ranges up to the
+e4m3 maximum (the kernel's P reaches 256).
 """
 
 from __future__ import annotations
@@ -50,19 +51,30 @@ def small_n_kernel(a_ptr, b_ptr, c_ptr, M: gl.constexpr, K: gl.constexpr, N: gl.
 def main() -> int:
     torch.manual_seed(0)
     M, K = 64, 128
-    a = (torch.rand(M, K, device="cuda") * 8).to(torch.float8_e4m3fn)
-    for N in (8, 16, 32):
-        for kind in ("ones", "random"):
-            b = (torch.ones(N, K, device="cuda") if kind == "ones"
-                 else torch.randn(N, K, device="cuda")).to(torch.float8_e4m3fn)
-            c = torch.empty(M, N, device="cuda")
-            try:
-                small_n_kernel[(1,)](a, b, c, M, K, N, num_warps=4)
-                ref = a.float() @ b.float().T
-                print(f"N={N} B={kind}: max|err| {(c - ref).abs().max().item():.3g} "
-                      f"(ref max {ref.abs().max().item():.3g})", flush=True)
-            except Exception as e:  # noqa: BLE001 - a failure is a result
-                print(f"N={N} B={kind}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    # A ranges: session 7's (< 8), the softmax P of the 256-key loop (2^(8 - x), up to 256) and
+    # the whole e4m3 range (run s10-3 read the row-sum dot as if P >= 128 were lost)
+    a_kinds = {
+        "small": lambda: torch.rand(M, K, device="cuda") * 8,
+        "p-like": lambda: torch.exp2(8 - torch.rand(M, K, device="cuda") * 6),
+        "large": lambda: torch.rand(M, K, device="cuda") * 448,
+    }
+    for a_kind, make_a in a_kinds.items():
+        a = make_a().to(torch.float8_e4m3fn)
+        for N in (8, 16, 32, 128):
+            for kind in ("ones", "random"):
+                b = (torch.ones(N, K, device="cuda") if kind == "ones"
+                     else torch.randn(N, K, device="cuda")).to(torch.float8_e4m3fn)
+                c = torch.empty(M, N, device="cuda")
+                try:
+                    small_n_kernel[(1,)](a, b, c, M, K, N, num_warps=4)
+                    ref = a.float() @ b.float().T
+                    print(f"A={a_kind} N={N} B={kind}: max|err| "
+                          f"{(c - ref).abs().max().item():.3g} (ref max "
+                          f"{ref.abs().max().item():.3g}; sum ratio "
+                          f"{(c.sum() / ref.sum()).item():.4f})", flush=True)
+                except Exception as e:  # noqa: BLE001 - a failure is a result
+                    print(f"A={a_kind} N={N} B={kind}: {type(e).__name__}: {str(e)[:300]}",
+                          flush=True)
     return 0
 
 
