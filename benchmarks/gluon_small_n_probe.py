@@ -23,7 +23,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def small_n_kernel(a_ptr, b_ptr, c_ptr, M: gl.constexpr, K: gl.constexpr, N: gl.constexpr):
+def small_n_kernel(a_ptr, b_ptr, c_ptr, M: gl.constexpr, K: gl.constexpr, N: gl.constexpr,
+                   A_REGS: gl.constexpr = False):
     ld: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
     rm = gl.arange(0, M, layout=gl.SliceLayout(1, ld))
     rk = gl.arange(0, K, layout=gl.SliceLayout(0, ld))
@@ -41,7 +42,11 @@ def small_n_kernel(a_ptr, b_ptr, c_ptr, M: gl.constexpr, K: gl.constexpr, N: gl.
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, N, 32])
     acc = gl.zeros([M, N], gl.float32, acc_l)
-    tok = warpgroup_mma(a_s, b_s.permute((1, 0)), acc, use_acc=False, is_async=True)
+    if A_REGS:  # A from registers (the RS form of the row-sum dot)
+        a_r = a_s.load(gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=4))
+        tok = warpgroup_mma(a_r, b_s.permute((1, 0)), acc, use_acc=False, is_async=True)
+    else:
+        tok = warpgroup_mma(a_s, b_s.permute((1, 0)), acc, use_acc=False, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[tok])
     om = gl.arange(0, M, layout=gl.SliceLayout(1, acc_l))
     on = gl.arange(0, N, layout=gl.SliceLayout(0, acc_l))
@@ -60,21 +65,21 @@ def main() -> int:
     }
     for a_kind, make_a in a_kinds.items():
         a = make_a().to(torch.float8_e4m3fn)
-        for N in (8, 16, 32, 128):
-            for kind in ("ones", "random"):
-                b = (torch.ones(N, K, device="cuda") if kind == "ones"
-                     else torch.randn(N, K, device="cuda")).to(torch.float8_e4m3fn)
-                c = torch.empty(M, N, device="cuda")
-                try:
-                    small_n_kernel[(1,)](a, b, c, M, K, N, num_warps=4)
-                    ref = a.float() @ b.float().T
-                    print(f"A={a_kind} N={N} B={kind}: max|err| "
-                          f"{(c - ref).abs().max().item():.3g} (ref max "
-                          f"{ref.abs().max().item():.3g}; sum ratio "
-                          f"{(c.sum() / ref.sum()).item():.4f})", flush=True)
-                except Exception as e:  # noqa: BLE001 - a failure is a result
-                    print(f"A={a_kind} N={N} B={kind}: {type(e).__name__}: {str(e)[:300]}",
-                          flush=True)
+        cases = [(n, k, r) for n in (8, 16, 32, 128) for k in ("ones", "random")
+                 for r in (False, True)]
+        for N, kind, regs in cases:
+            name = f"A={a_kind}{' regs' if regs else ''} N={N} B={kind}"
+            b = (torch.ones(N, K, device="cuda") if kind == "ones"
+                 else torch.randn(N, K, device="cuda")).to(torch.float8_e4m3fn)
+            c = torch.empty(M, N, device="cuda")
+            try:
+                small_n_kernel[(1,)](a, b, c, M, K, N, regs, num_warps=4)
+                ref = a.float() @ b.float().T
+                print(f"{name}: max|err| {(c - ref).abs().max().item():.3g} (ref max "
+                      f"{ref.abs().max().item():.3g}; sum ratio "
+                      f"{(c.sum() / ref.sum()).item():.4f})", flush=True)
+            except Exception as e:  # noqa: BLE001 - a failure is a result
+                print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     return 0
 
 
