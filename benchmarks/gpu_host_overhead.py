@@ -34,6 +34,7 @@ import fp8dit
 
 sys.path.insert(0, os.path.dirname(__file__))
 import gpu_gluon  # noqa: E402
+from bench_wan_forward import capture  # noqa: E402
 from gpu_gluon import record  # noqa: E402
 
 SHAPES = {"flux-1024": (1, 24, 4608, 128), "cogvideox-5b": (1, 48, 17776, 64),
@@ -64,16 +65,8 @@ def stream_ms(fn, n=50):
 
 
 def graph_ms(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return stream_ms(g.replay)
+    graph, _ = capture(fn)
+    return stream_ms(graph.replay)
 
 
 def _paths(q, k, v) -> dict:
