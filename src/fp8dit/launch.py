@@ -456,6 +456,15 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             K_SUB=ws.k_sub,
             # 256-key steps: the PV dots read P from registers instead of shared memory
             P_REGS=cfg.get("sm90_p_regs", False),
+            # 256-key steps: QK accumulators from zero, made scores after the dot (1 I2FP, 2 IADD)
+            QK_CVT=int(cfg.get("sm90_qk_cvt", 0)),
+            # 256-key steps with P from registers: P's row sums from dots with a tile of ones
+            # (its width N: True or 8, 16, ..., 64; 0 = off)
+            ROWSUM_DOT=(int(cfg.get("sm90_rowsum_dot", 0)) if BN > 128
+                        and cfg.get("sm90_p_regs", False) else 0),
+            # debugging (run s11): a float32 tensor of >= 26,624 values for one step's dump
+            dbg_ptr=cfg.get("sm90_debug_buf", ws.q_scale),
+            DEBUG=cfg.get("sm90_debug_buf") is not None,
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
