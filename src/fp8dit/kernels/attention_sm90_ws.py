@@ -442,9 +442,13 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                                                                      gl.float8e4nv)
         ones_t = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, L_N, SUB_N], ones_sl)
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 4], [1, 0])
+        # 1.0's e4m3 bits (0x38) as int8, bitcast: converting a splat of fp32 1.0 to fp8 made
+        # one F2FP pair (PACK_AB_MERGE_C) whose other half came from an unset register, and
+        # that word was stored as four bytes (sm_90, triton 3.6 + ptxas), so every other pair
+        # of keys weighed 0 or junk (run s11-2: the wrong sums of sessions 7 and 10).
         for i in gl.static_range(STAGES):
-            ones_t.index(i).store(gl.full([L_N, SUB_N], 1.0, gl.float32, fill)
-                                  .to(gl.float8e4nv))
+            ones_t.index(i).store(gl.full([L_N, SUB_N], 0x38, gl.int8, fill)
+                                  .to(gl.float8e4nv, bitcast=True))
         # every thread's part of the tiles visible to the async proxy before any warp's dot
         fence_async_shared()
         _cta_barrier()
