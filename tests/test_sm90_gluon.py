@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-import triton
 
 from fp8dit import env, launch
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
@@ -238,18 +237,17 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
         assert rep["ok"], rep
         # the unmasked main loop and the masked tail loop (per consumer warpgroup when ws)
         assert len(rep["loops"]) == (4 if rep["ws"] else 2), rep
-        # 256-key steps at D=128 use the 240-register budget to the last register: with the
-        # H200's triton 3.6 their main loops have no spills (benchmarks/NOTES.md, session 6);
-        # other releases allocate differently (3.9: 2-4 in the main loop, 4-5 in the tail),
-        # and ``auto`` runs the Gluon kernel only on releases it has run on.
-        wide_d128_elsewhere = (rep.get("block_n") == 256 and rep["dp"] == 128
-                               and triton.__version__[:3] != "3.6")
+        # 256-key steps at D=128 use the 240-register budget to the last register. With the
+        # row-sum dot (session 11) the main loop spills one value per step with the H200's
+        # triton 3.6 (two with 3.9), and the masked tail loop, run once per work item (1 of
+        # ~300 steps at Wan 720p), 13 (3.9: 17); the measured speed includes them.
+        # ``auto`` runs the Gluon kernel only on releases it has run on.
+        wide_d128 = rep.get("block_n") == 256 and rep["dp"] == 128
         for loop in rep["loops"]:
             assert loop["igmma"] > 0 and loop["qgmma"] > 0, rep
-            # the masked tail loop of the warp-specialized kernel spills a register or two
-            # under its 240-register budget (triton 3.6); the main loops must not spill
-            assert loop["spills"] <= (5 if wide_d128_elsewhere else 4), rep
+            # the other loops' masked tails spill a register or two (triton 3.6)
+            assert loop["spills"] <= (17 if wide_d128 else 4), rep
         main = min(rep["loops"], key=lambda lp: lp["instructions"])
-        assert main["spills"] <= (4 if wide_d128_elsewhere else 0), rep
+        assert main["spills"] <= (2 if wide_d128 else 0), rep
         # two programs per SM, or one warp-specialized program
         assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep

@@ -120,10 +120,16 @@ TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 # D=128: the PV dots read P from registers (``sm90_p_regs``, run s8-4, same process, bitwise
 # equal outputs): Wan 720p 912 / 907 TFLOPS against 852 / 846 with P in shared memory, Wan 480p
 # 894 / 890 against 826 / 821, HunyuanVideo 913 / 913 against 854 / 851 (three stages 1-2% less);
-# at D=64 (CogVideoX) 463 / 464 against 474 / 478, so D=64 keeps P in shared memory.
+# at D=64 (CogVideoX) 463 / 464 against 474 / 478 alone, but the row-sum dot below needs it.
+# Both: P's row sums from two N=8 dots of the fp8 P registers with a tile of ones
+# (``sm90_rowsum_dot``, needs P in registers) instead of 128 FADDs and a row reduction per step.
+# Same process (run s11-3, accuracy within 1e-4 rel-L1 of the FADD sums, 10 repeats bitwise
+# equal): Wan 720p 960 / 958 TFLOPS against 898 / 894, Wan 480p 931 / 919 against 871 / 871,
+# HunyuanVideo 967 / 968 against 898 / 900, CogVideoX (D=64, P in registers too) 527 / 526
+# against 475 / 477.
 WS_TILES: dict[int, dict] = {
-    64: dict(block_n=256, sm90_stages=2),
-    128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True),
+    64: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=8),
+    128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=8),
 }
 # Keys per K scale in the warp-specialized kernel's 256-key blocks: 256 (one scale per
 # block), or 128 (two per block: the quantizer's sub-blocks). Same process (run s7-2, Wan
@@ -456,15 +462,10 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             K_SUB=ws.k_sub,
             # 256-key steps: the PV dots read P from registers instead of shared memory
             P_REGS=cfg.get("sm90_p_regs", False),
-            # 256-key steps: QK accumulators from zero, made scores after the dot (1 I2FP, 2 IADD)
-            QK_CVT=int(cfg.get("sm90_qk_cvt", 0)),
             # 256-key steps with P from registers: P's row sums from dots with a tile of ones
-            # (its width N: True or 8, 16, ..., 64; 0 = off)
+            # (its width N: 8, 16, ..., 64; 0 = off, FADDs and a row reduction)
             ROWSUM_DOT=(int(cfg.get("sm90_rowsum_dot", 0)) if BN > 128
                         and cfg.get("sm90_p_regs", False) else 0),
-            # debugging (run s11): a float32 tensor of >= 26,624 values for one step's dump
-            dbg_ptr=cfg.get("sm90_debug_buf", ws.q_scale),
-            DEBUG=cfg.get("sm90_debug_buf") is not None,
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

@@ -144,6 +144,8 @@ def main(path: str) -> int:
                 tiles = launch.WS_TILES[dp] if block_n == 256 else {}
                 stages = tiles.get("sm90_stages", 2) if block_n == 256 else 3
                 extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
+                if extra and tiles.get("sm90_rowsum_dot"):
+                    extra["ROWSUM_DOT"] = int(tiles["sm90_rowsum_dot"])
                 for causal in ((False,) if block_n == 256 else (False, True)):
                     try:
                         rep = dict(ok=True, **gluon_attention_report(

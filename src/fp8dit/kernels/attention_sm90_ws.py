@@ -19,7 +19,9 @@ S. On the H200 it runs 8-10% faster at D=128 (benchmarks/NOTES.md, session 6). W
 (the default at D=128) those PV dots read P from registers, as in the one-warpgroup kernel
 (V^T's kv order matches them): no P store, fence or warpgroup barrier before them, and ptxas
 issues the first half's PV under the second half's exponentials; 7-8% faster at D=128, 2%
-slower at D=64 (session 8).
+slower at D=64 (session 8). With ``ROWSUM_DOT`` (the default at both head dims, with P in
+registers) P's row sums come from two N=8 dots of those registers with a tile of ones instead
+of 128 FADDs and a row reduction per thread and step: +7% at D=128, +11% at D=64 (session 11).
 
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count)
@@ -181,62 +183,39 @@ def _magic_preset(like):
 
 
 @gluon.jit
-def _qk_scores(s_i, QK_CVT: gl.constexpr):
-    """An int32 QK accumulator for ``_scores``'s bitcast. ``QK_CVT`` 0: preset to the magic
-    constant before the dot, used as is; 1: from zero, converted (I2FP); 2: from zero, the
-    magic constant's bits added after the dot (IADD, same floats as 0)."""
-    if QK_CVT == 1:
-        s = s_i.to(gl.float32)
-    elif QK_CVT == 2:
-        s = s_i + I2F_MAGIC_BITS
-    else:
-        s = s_i
-    return s
-
-
-@gluon.jit
 def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
-                        P_REGS: gl.constexpr = False, QK_CVT: gl.constexpr = 0,
-                        ROW_SUM: gl.constexpr = True):
+                        P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True):
     """Softmax of a 256-key block from its two QK dots: one max over both halves, both
     halves' fp8 P (the PV dots' A operands) stored into ``p_a``/``p_b`` unless ``P_REGS``;
     returns (m, l, alpha, P of each half). ``ROW_SUM`` False: l is returned unchanged (the
     caller sums P with the row-sum dot)."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    # QK_CVT 1: the accumulators started at zero and their int32 scores are converted here
-    # (no magic offset to take out of the max and the exponent's bias)
-    if QK_CVT == 1:
-        mg = 0.0
-    else:
-        mg = I2F_MAGIC
-    s_a = _qk_scores(warpgroup_mma_wait(1, deps=[sa_tok]), QK_CVT)
-    s_a = _scores(s_a, kb * BLOCK_N, MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+    s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
+                  rows, SUB_N, IS_CAUSAL, s_layout)
     if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
         c_a = q_scale * gl.load(ks_base + 2 * kb)
         c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
-        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - mg) * c_a
-        s_b = _qk_scores(warpgroup_mma_wait(0, deps=[sb_tok]), QK_CVT)
-        s_b = _scores(s_b, kb * BLOCK_N + SUB_N, MASKED, k_len, rows, SUB_N, IS_CAUSAL,
-                      s_layout)
-        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - mg) * c_b
+        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
+        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
+                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
         m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
     else:  # one scale for the block: the max over both halves' raw scores, then scaled
         c_a = q_scale * gl.load(ks_base + kb)
         c_b = c_a
         mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
-        s_b = _qk_scores(warpgroup_mma_wait(0, deps=[sb_tok]), QK_CVT)
-        s_b = _scores(s_b, kb * BLOCK_N + SUB_N, MASKED, k_len, rows, SUB_N, IS_CAUSAL,
-                      s_layout)
+        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
+                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
         mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
-        m_new = gl.maximum(m_i, (mx - mg) * c_a)
+        m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
-    bias_a = m_ref - P_SHIFT + mg * c_a
+    bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
     if K_SUB == 2:
-        bias_b = m_ref - P_SHIFT + mg * c_b
+        bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
     else:
         bias_b = bias_a
     p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout, ROW_SUM)
@@ -251,52 +230,14 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
 
 
 @gluon.jit
-def _dbg_store(ptr, x, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
-    """Debugging (run s11): x [R, C] in ``layout`` to ptr, row-major."""
-    r = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
-    c = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
-    gl.store(ptr + gl.expand_dims(r, 1) * C + gl.expand_dims(c, 0), x)
-
-
-@gluon.jit
-def _dbg_dump(dbg_ptr, l_blk, acc, pa, pb, ones, va, vb, zero_l, BLOCK_M: gl.constexpr,
-              SUB_N: gl.constexpr, DP: gl.constexpr, L_N: gl.constexpr,
-              l_layout: gl.constexpr, o_layout: gl.constexpr):
-    """Debugging the row-sum dot (run s11): one step's l_blk, the same dots waited for one
-    at a time, the narrow dot with V^T's first 8 rows (against PV's first 8 columns), PV's
-    accumulator and both halves' fp8 P as fp32."""
-    la = warpgroup_mma_wait(0, deps=[warpgroup_mma(pa, ones, zero_l, use_acc=False,
-                                                   is_async=True)])
-    lb = warpgroup_mma_wait(0, deps=[warpgroup_mma(pb, ones, zero_l, use_acc=False,
-                                                   is_async=True)])
-    v_tok = warpgroup_mma(pa, va.slice(0, L_N, 0).permute((1, 0)), zero_l, use_acc=False,
-                          is_async=True)
-    v_tok = warpgroup_mma(pb, vb.slice(0, L_N, 0).permute((1, 0)), v_tok, is_async=True)
-    v8 = warpgroup_mma_wait(0, deps=[v_tok])
-    blk: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    _dbg_store(dbg_ptr, l_blk, BLOCK_M, L_N, l_layout)
-    _dbg_store(dbg_ptr + BLOCK_M * L_N, la, BLOCK_M, L_N, l_layout)
-    _dbg_store(dbg_ptr + 2 * BLOCK_M * L_N, lb, BLOCK_M, L_N, l_layout)
-    _dbg_store(dbg_ptr + 3 * BLOCK_M * L_N, v8, BLOCK_M, L_N, l_layout)
-    base = dbg_ptr + 4 * BLOCK_M * L_N
-    _dbg_store(base, acc, BLOCK_M, DP, o_layout)
-    base += BLOCK_M * DP
-    _dbg_store(base, gl.convert_layout(pa.to(gl.float32), blk), BLOCK_M, SUB_N, blk)
-    _dbg_store(base + BLOCK_M * SUB_N, gl.convert_layout(pb.to(gl.float32), blk), BLOCK_M,
-               SUB_N, blk)
-
-
-@gluon.jit
 def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a,
                         p_b, kv_full, kv_empty, k_len, rows, s_init, zero_o,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
-                        ABLATE_MISC: gl.constexpr = 0, QK_CVT: gl.constexpr = 0,
-                        ones_t=None, zero_l=None, ROWSUM_DOT: gl.constexpr = 0,
-                        l_layout: gl.constexpr = None, dbg_ptr=None, DEBUG: gl.constexpr = False,
-                        o_layout: gl.constexpr = None, DP: gl.constexpr = 128):
+                        ABLATE_MISC: gl.constexpr = 0, ones_t=None, zero_l=None,
+                        ROWSUM_DOT: gl.constexpr = 0, l_layout: gl.constexpr = None):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -322,14 +263,14 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     # ABLATE_MISC (timing only, wrong results): 1 = no magic preset of the QK accumulators,
     # 2 = no fold of the block's PV sum into the fp32 sum
     sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init),
-                           use_acc=(ABLATE_MISC & 1) == 0 and QK_CVT == 0, is_async=True)
+                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
+                           is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init),
-                           use_acc=(ABLATE_MISC & 1) == 0 and QK_CVT == 0, is_async=True)
+                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
+                           is_async=True)
     m_new, l_new, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
-        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS, QK_CVT,
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
         not ROWSUM_DOT)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
@@ -349,29 +290,14 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
                                                       k_width=4)
         ones = ones_t.index(slot).permute((1, 0))
-        # ABLATE_MISC 8 (debugging the wrong sums of run s10-2): PV waited for first, then
-        # the row-sum dots issued and waited for on their own
-        if (ABLATE_MISC & 8) != 0:
-            acc = warpgroup_mma_wait(0, deps=[acc_tok])
         l_tok = warpgroup_mma(gl.convert_layout(p8a, pl_layout, assert_trivial=True), ones,
                               zero_l, use_acc=False, is_async=True)
         l_tok = warpgroup_mma(gl.convert_layout(p8b, pl_layout, assert_trivial=True), ones,
                               l_tok, is_async=True)
-        if (ABLATE_MISC & 8) != 0:
-            l_blk = warpgroup_mma_wait(0, deps=[l_tok])
-        else:
-            acc, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
+        acc, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
         row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
         l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, row_l, assert_trivial=True),
                                      1) + l_blk
-        if DEBUG:
-            if (gl.program_id(0) == 0) & (cnt == 0):
-                _dbg_dump(dbg_ptr, l_blk, acc,
-                          gl.convert_layout(p8a, pl_layout, assert_trivial=True),
-                          gl.convert_layout(p8b, pl_layout, assert_trivial=True), ones,
-                          v_bufs.index(2 * slot), v_bufs.index(2 * slot + 1), zero_l,
-                          BLOCK_M, SUB_N, DP, ROWSUM_DOT if ROWSUM_DOT > 8 else 8,
-                          l_layout, o_layout)
     else:
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
     if (ABLATE_MISC & 2) == 0:
@@ -393,8 +319,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr, QK_CVT: gl.constexpr,
-              ROWSUM_DOT: gl.constexpr, dbg_ptr, DEBUG: gl.constexpr):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr, ROWSUM_DOT: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -434,10 +359,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
     if ROWSUM_DOT:
         gl.static_assert(WIDE and P_REGS, "the row-sum dot takes P from registers")
-        # One tile per ring slot, read as ``ones_t.index(slot)``: with one loop-invariant tile,
-        # ptxas (12.8 and 12.9, sm_90a) kept its four k-step descriptors in uniform registers
-        # and reused two of them for other values before the last dots read them (wrong sums;
-        # session 7's NaNs too). A slot-dependent address is computed in the step, as V's is.
+        # One tile per ring slot, read as ``ones_t.index(slot)`` (a slot-dependent address, as
+        # V's): session 10 suspected ptxas's reuse of a loop-invariant tile's descriptors; the
+        # fault was the fill below, but this form is the one measured (run s11-3).
         ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_N, SUB_N],
                                                                      gl.float8e4nv)
         ones_t = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, L_N, SUB_N], ones_sl)
@@ -490,16 +414,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, QK_CVT, ones_t, zero_l, ROWSUM_DOT, l_layout,
-                    dbg_ptr, DEBUG and wg == 0, o_layout, DP)
+                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, QK_CVT, ones_t, zero_l, ROWSUM_DOT, l_layout,
-                    dbg_ptr, DEBUG and wg == 0, o_layout, DP)
+                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout)
                 cnt += 1
             if ROWSUM_DOT:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
@@ -608,8 +530,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, QK_CVT: gl.constexpr = 0, ROWSUM_DOT: gl.constexpr = 0,
-    dbg_ptr=None, DEBUG: gl.constexpr = False,
+    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -641,14 +562,14 @@ def attention_fwd_sm90_ws_kernel(
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, QK_CVT, ROWSUM_DOT, dbg_ptr, DEBUG)),
+                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, QK_CVT, ROWSUM_DOT, dbg_ptr, DEBUG)),
+                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
                      DP, BLOCK_M, BLOCK_N, STAGES)),
