@@ -99,22 +99,23 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("bad_key", [None, 300 + 400])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("-inf")])
 def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(monkeypatch,
-                                                                               bad_key):
+                                                                               bad):
     """One K scale per 256-key block taken by 128-row programs from the statistics pass's
     per-block channel max and min (``KV_QUANT_ROWS``) equals what 256-row programs compute,
     bit for bit: varlen with a second sequence starting at kv block 2, GQA, D=72 (padded
-    channels), and a NaN key in the second half of a block, which must make that block's
-    scale NaN and no other's (that block's int8 values, which no score uses, may differ)."""
+    channels), and a NaN or infinite key in the second half of a block, which must make that
+    block's scale NaN and no other's (that block's int8 values, which no score uses, may
+    differ)."""
     lens = [300, 520]
     T, D = sum(lens), 72
     g = torch.Generator().manual_seed(1)
     q = torch.randn(T, 4, D, generator=g).bfloat16()
     k = (torch.randn(T, 2, D, generator=g) * 2 + torch.randn(D, generator=g) * 5).bfloat16()
     v = torch.randn(T, 2, D, generator=g).bfloat16()
-    if bad_key is not None:
-        k[bad_key, 1, 7] = float("nan")  # second sequence, key 400: block 1, second half
+    if bad is not None:
+        k[300 + 400, 1, 7] = bad  # second sequence, key 400: block 1, second half
     monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=256))
     plan, _ = launch.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
@@ -141,7 +142,7 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
     # kv blocks: sequence 0 holds 0-1, sequence 1 holds 2-4 (key 400 is in its block 1)
     nan_blocks = from_stats.k_scale.isnan().nonzero().tolist()
-    assert nan_blocks == ([] if bad_key is None else [[1, 3]])
+    assert nan_blocks == ([] if bad is None else [[1, 3]])
 
 
 def _poisoned(empty):
