@@ -83,11 +83,10 @@ def kv_channel_stats_kernel(
     so the result is deterministic (no atomics). Non-finite values are left out of the sums.
 
     ``KBLK`` > 0 (a divisor of ``CHUNK``): also K's per-channel max and min over each block of
-    ``KBLK`` tokens, into ``kblk[h, k_blk + block, 0 / 1]`` (infinite where the block holds
-    a non-finite K: NaN is carried through and stored as an infinity, and an infinity is its
-    own max or min). The quantizer derives each block's amax of K minus its mean from them exactly
-    (rounding is monotonic: fl(max k - m) = max fl(k - m)), so its programs need not span the
-    attention kernel's 256-key blocks (``quantize_kv_kernel(KAMAX_FROM_STATS)``).
+    ``KBLK`` tokens, into ``kblk[h, k_blk + block, 0 / 1]`` (max NaN where the block holds a
+    non-finite K). The quantizer derives each block's amax of K minus its mean from them
+    exactly (rounding is monotonic: fl(max k - m) = max fl(k - m)), so its programs need not
+    span the attention kernel's 256-key blocks (``quantize_kv_kernel(KAMAX_FROM_STATS)``).
     """
     c = tl.program_id(0)
     h = tl.program_id(1)
@@ -113,6 +112,7 @@ def kv_channel_stats_kernel(
             if KBLK > 0:
                 kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
                 kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
+                kbad = tl.zeros([SUB, DP], dtype=tl.int32)
             for i in range(j, j + KB, SUB):
                 # 64-bit scalar base, 32-bit offsets within the tile: per-element 64-bit
                 # addresses cost two registers each and made these kernels spill.
@@ -129,22 +129,19 @@ def kv_channel_stats_kernel(
                 vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
                 vmin = tl.minimum(vmin, tl.where(m, finite_or(v, float("inf")), float("inf")))
                 if KBLK > 0:
-                    # NaN goes through (PROPAGATE_NAN), infinities are their own max / min:
-                    # the quantizer flags the block from them (a count of non-finite values
-                    # here held 16 more registers per thread and a cross-warp sum per block)
-                    kmax = tl.maximum(kmax, tl.where(m, k, float("-inf")),
-                                      propagate_nan=tl.PropagateNan.ALL)
-                    kmin = tl.minimum(kmin, tl.where(m, k, float("inf")),
-                                      propagate_nan=tl.PropagateNan.ALL)
+                    # as the quantizer's own amax: non-finite values left out (and flagged)
+                    ok = m & (finite_or(k, 0.0) == k)
+                    kmax = tl.maximum(kmax, tl.where(ok, k, float("-inf")))
+                    kmin = tl.minimum(kmin, tl.where(ok, k, float("inf")))
+                    kbad += tl.where(m & ~ok, 1, 0)
             if KBLK > 0:
                 if t0 + j < k_len:
                     k_blk = tl.load(seq_ptr + b * 8 + 6)
+                    bad = tl.sum(tl.sum(kbad, 0), 0)
+                    kmx = tl.where(bad > 0, float("nan"), tl.max(kmax, 0))
                     kout = kblk_ptr + ((h * n_kblocks + k_blk + (t0 + j) // KBLK) * 2) * DP
-                    # NaN as an infinity for the reductions, which drop NaN
-                    tl.store(kout + offs_d,
-                             tl.max(tl.where(kmax == kmax, kmax, float("inf")), 0))
-                    tl.store(kout + DP + offs_d,
-                             tl.min(tl.where(kmin == kmin, kmin, float("-inf")), 0))
+                    tl.store(kout + offs_d, kmx)
+                    tl.store(kout + DP + offs_d, tl.min(kmin, 0))
         ksum = tl.sum(ksum, 0)
         vsum = tl.sum(vsum, 0)
         vmax = tl.max(vmax, 0)
@@ -278,13 +275,14 @@ def quantize_kv_kernel(
             + loc[:, None] * k_st + offs_d[None, :] * k_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
-        # V's tile is asked for now, so its load overlaps K's work (Triton keeps loads after
-        # the K store in program order)
-        v = tl.load(
-            v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
-            + loc[:, None] * v_st + offs_d[None, :] * v_sd,
-            mask=m, other=0.0,
-        )
+        v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
+                + loc[:, None] * v_st + offs_d[None, :] * v_sd)
+        if KAMAX_FROM_STATS:
+            # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
+            # after the K store in program order); 256-row programs (D=64) measured slower
+            # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
+            # the count below left out)
+            v = tl.load(v_at, mask=m, other=0.0)
         ks = tl.where(m, k - k_mean[None, :], 0.0)
         if not KAMAX_FROM_STATS:
             n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
@@ -296,11 +294,12 @@ def quantize_kv_kernel(
             kst = kblk_ptr + ((h * n_kblocks + k_blk + blk // SUBBLOCKS) * 2) * DP + offs_d
             kmx = tl.load(kst)
             kmn = tl.load(kst + DP)
-            # a non-finite K anywhere in the block, or K minus its mean overflowing, makes the
-            # span NaN or infinite: flagged here (the tile's own count is not taken)
-            span = tl.where(dmask, tl.maximum(kmx - k_mean, k_mean - kmn), 0.0)
-            n_bad = tl.sum(tl.where(finite_or(span, -1.0) == span, 0, 1), 0)
-            k_amax = tl.max(finite_or(span, 0.0), 0)
+            # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
+            # its mean overflowing is flagged here, so the tile's own count is not taken
+            span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
+            ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
+            n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
+            k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
         else:
             k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
@@ -318,6 +317,8 @@ def quantize_kv_kernel(
         else:
             tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
 
+        if not KAMAX_FROM_STATS:
+            v = tl.load(v_at, mask=m, other=0.0)
         v = v.to(tl.float32)
         # Transposed in registers so the store runs along tokens (contiguous in v8t).
         if PV_BF16:
