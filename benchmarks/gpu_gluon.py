@@ -185,6 +185,21 @@ def part_speed(names=None, variants=None, sequence=("gluon-ws", "triton", "gluon
         torch.cuda.empty_cache()
 
 
+
+def part_repeat(use, tiling):
+    """10 calls at 40k tokens bitwise equal under ``use(tiling)``, D=128 and D=64, with and
+    without a 3-way split; ``use("triton")`` afterwards restores the defaults."""
+    for D in (128, 64):
+        q, k, v = make_qkv(1, 4, 40000, D, device="cuda", seed=5)
+        use(tiling)
+        for splits in (None, 3):
+            outs = [fp8dit.attention(q, k, v, backend="fp8", num_splits=splits)
+                    for _ in range(10)]
+            record(part="repeat", tiling=tiling, D=D, splits=splits,
+                   bitwise_equal_10=all(torch.equal(outs[0], o) for o in outs[1:]))
+    use("triton")
+
+
 # name -> (preset, padded head dim, tile overrides) for the Gluon kernel
 GLUON_CONFIGS = {
     "ws-d128-2s": ("wan2.2-a14b-720p", 128, {"sm90_stages": 2}, "gluon-ws"),

@@ -86,15 +86,7 @@ def part_speed():
 
 
 def part_repeat():
-    for D in (128, 64):
-        q, k, v = make_qkv(1, 4, 40000, D, device="cuda", seed=5)
-        use("ws256r")
-        for splits in (None, 3):
-            outs = [fp8dit.attention(q, k, v, backend="fp8", num_splits=splits)
-                    for _ in range(10)]
-            record(part="repeat", tiling="ws256r", D=D, splits=splits,
-                   bitwise_equal_10=all(torch.equal(outs[0], o) for o in outs[1:]))
-    use("triton")
+    gpu_gluon.part_repeat(use, "ws256r")
 
 
 def main() -> int:

@@ -2,8 +2,9 @@
 
     python3 benchmarks/gpu_rowsum_dot.py [--parts check,drift,repeat,speed] [--out F]
 
-``default``: each thread sums its exponentials with FADDs (128 per 256-key step) and a row
-reduction across the four lanes of a row.
+``default`` (the name run s11-3 recorded; the default until then): each thread sums its
+exponentials with FADDs (128 per 256-key step) and a row reduction across the four lanes of a
+row; P from registers at D=128 only.
 ``rowsum`` (``sm90_rowsum_dot``, with ``sm90_p_regs`` at D=64 too): two N=8 dots of the fp8 P
 (the PV dots' A registers) with a [128 keys, 8] tile of ones after the PV dots; the [64, 8]
 fp32 accumulator is folded like the output and its equal columns are read once per item.
@@ -26,19 +27,15 @@ import functools
 import os
 import sys
 
-import torch
-
-import fp8dit
 from fp8dit import launch
-from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
 import gpu_gluon  # noqa: E402
-from gpu_gluon import record  # noqa: E402
 
 DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
 TILINGS = {
-    "default": ("gluon-ws", DEFAULT_TILES),
+    "default": ("gluon-ws", {dp: {**t, "sm90_p_regs": dp == 128, "sm90_rowsum_dot": False}
+                             for dp, t in DEFAULT_TILES.items()}),
     "rowsum": ("gluon-ws", {dp: {**t, "sm90_p_regs": True, "sm90_rowsum_dot": True}
                             for dp, t in DEFAULT_TILES.items()}),
     "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
@@ -56,15 +53,7 @@ def part_drift():
 
 
 def part_repeat():
-    for D in (128, 64):
-        q, k, v = make_qkv(1, 4, 40000, D, device="cuda", seed=5)
-        use("rowsum")
-        for splits in (None, 3):
-            outs = [fp8dit.attention(q, k, v, backend="fp8", num_splits=splits)
-                    for _ in range(10)]
-            record(part="repeat", tiling="rowsum", D=D, splits=splits,
-                   bitwise_equal_10=all(torch.equal(outs[0], o) for o in outs[1:]))
-    use("triton")
+    gpu_gluon.part_repeat(use, "rowsum")
 
 
 def part_speed():

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import triton
 
 from fp8dit import env, launch
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
@@ -244,11 +245,12 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
         # ~300 steps at Wan 720p), 13 (3.9: 17); the measured speed includes them.
         # ``auto`` runs the Gluon kernel only on releases it has run on.
         wide_d128 = rep.get("block_n") == 256 and rep["dp"] == 128
+        on_36 = triton.__version__[:3] == "3.6"
         for loop in rep["loops"]:
             assert loop["igmma"] > 0 and loop["qgmma"] > 0, rep
             # the other loops' masked tails spill a register or two (triton 3.6)
-            assert loop["spills"] <= (17 if wide_d128 else 4), rep
+            assert loop["spills"] <= ((13 if on_36 else 17) if wide_d128 else 4), rep
         main = min(rep["loops"], key=lambda lp: lp["instructions"])
-        assert main["spills"] <= (2 if wide_d128 else 0), rep
+        assert main["spills"] <= ((1 if on_36 else 2) if wide_d128 else 0), rep
         # two programs per SM, or one warp-specialized program
         assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep

@@ -128,8 +128,8 @@ TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 # HunyuanVideo 967 / 968 against 898 / 900, CogVideoX (D=64, P in registers too) 527 / 526
 # against 475 / 477.
 WS_TILES: dict[int, dict] = {
-    64: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=8),
-    128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=8),
+    64: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=True),
+    128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=True),
 }
 # Keys per K scale in the warp-specialized kernel's 256-key blocks: 256 (one scale per
 # block), or 128 (two per block: the quantizer's sub-blocks). Same process (run s7-2, Wan
@@ -462,10 +462,10 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             K_SUB=ws.k_sub,
             # 256-key steps: the PV dots read P from registers instead of shared memory
             P_REGS=cfg.get("sm90_p_regs", False),
-            # 256-key steps with P from registers: P's row sums from dots with a tile of ones
-            # (its width N: 8, 16, ..., 64; 0 = off, FADDs and a row reduction)
-            ROWSUM_DOT=(int(cfg.get("sm90_rowsum_dot", 0)) if BN > 128
-                        and cfg.get("sm90_p_regs", False) else 0),
+            # 256-key steps with P from registers: P's row sums from N=8 dots with a tile of
+            # ones (off: FADDs and a row reduction)
+            ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
+                            and cfg.get("sm90_p_regs", False)),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

@@ -145,7 +145,7 @@ def main(path: str) -> int:
                 stages = tiles.get("sm90_stages", 2) if block_n == 256 else 3
                 extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
                 if extra and tiles.get("sm90_rowsum_dot"):
-                    extra["ROWSUM_DOT"] = int(tiles["sm90_rowsum_dot"])
+                    extra["ROWSUM_DOT"] = True
                 for causal in ((False,) if block_n == 256 else (False, True)):
                     try:
                         rep = dict(ok=True, **gluon_attention_report(

@@ -237,7 +237,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
                         ABLATE_MISC: gl.constexpr = 0, ones_t=None, zero_l=None,
-                        ROWSUM_DOT: gl.constexpr = 0, l_layout: gl.constexpr = None):
+                        ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -352,12 +352,12 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, SUB_N], p_sl)
         p_a = p_smem
         p_b = p_smem
-    # ROWSUM_DOT (N > 0): P's row sums from N-wide dots with a tile of ones ([SUB_N keys, N])
-    L_N: gl.constexpr = ROWSUM_DOT if ROWSUM_DOT > 8 else 8
+    # ROWSUM_DOT: P's row sums from N=8 dots with a tile of ones ([SUB_N keys, 8])
+    L_N: gl.constexpr = 8
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 32])
-    zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
     if ROWSUM_DOT:
+        zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
         gl.static_assert(WIDE and P_REGS, "the row-sum dot takes P from registers")
         # One tile per ring slot, read as ``ones_t.index(slot)`` (a slot-dependent address, as
         # V's): session 10 suspected ptxas's reuse of a loop-invariant tile's descriptors; the
@@ -378,6 +378,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         _cta_barrier()
     else:
         ones_t = None
+        zero_l = None
 
     pid = gl.program_id(0)
     w_begin = gl.load(work_indptr_ptr + pid)
@@ -530,7 +531,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = 0,
+    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
