@@ -146,6 +146,47 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
     assert nan_blocks == ([] if bad is None else [[1, 3]])
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+@pytest.mark.parametrize("knob", ["stats_prefetch", "kv_rows_64", "q_rows_32"])
+def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
+    """The quantization's layout knobs (statistics pass prefetching its next sub-tile; 64-row K/V
+    and 32-row Q programs) change only how the work is cut, never a byte of the workspace: varlen
+    with an empty query sequence and lengths that end mid-block, GQA, D=72, and a NaN key
+    (its block's scale NaN)."""
+    q_lens, k_lens = [300, 0, 77], [300, 520, 77]
+    D = 72
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(sum(q_lens), 4, D, generator=g).bfloat16()
+    k = (torch.randn(sum(k_lens), 2, D, generator=g) * 2
+         + torch.randn(D, generator=g) * 5).bfloat16()
+    v = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
+    k[300 + 130, 0, 3] = float("nan")
+    monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=256))
+    plan, _ = launch.plan_for(q_lens, k_lens, varlen=True, num_heads=4, num_kv_heads=2,
+                              head_dim=D, is_causal=False, device=q.device)
+    assert plan.key.block_n == 256 and plan.stats_chunk == 256
+
+    def ws():
+        st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
+        with monkeypatch.context() as m:
+            m.setattr(torch, "empty", _poisoned(torch.empty))
+            return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+                                         st[1], v, st[2], kv_perm16=True)
+
+    base = ws()
+    if knob == "stats_prefetch":
+        monkeypatch.setattr(launch, "KV_STATS_PREFETCH", not launch.KV_STATS_PREFETCH)
+    elif knob == "kv_rows_64":
+        monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, 64)
+    else:
+        monkeypatch.setitem(launch.Q_QUANT_ROWS, 128, 32)
+    other = ws()
+    assert base.k_scale.isnan().sum() == 1
+    for name in ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean"):
+        a, b = getattr(base, name), getattr(other, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
 def _poisoned(empty):
     def f(*shape, **kw):
         t = empty(*shape, **kw)

@@ -146,6 +146,12 @@ K_SCALE_KEYS = 256
 KV_QUANT_ROWS: dict[int, int] = {128: 128}
 # Warps of the channel-statistics pass (8 measured slower in run s8-2).
 KV_STATS_WARPS = 4
+# Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim), and
+# whether it loads the next sub-tile before the current one's work (``PREFETCH``).
+KV_STATS_SUB_ELEMS = 2048
+KV_STATS_PREFETCH = False
+# Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
+Q_QUANT_ROWS: dict[int, int] = {}
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {
@@ -359,7 +365,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             kblk, plan.n_kblocks,
-            DP=Dp, CHUNK=plan.stats_chunk, SUB=2048 // Dp, KBLK=BN if kamax_stats else 0,
+            DP=Dp, CHUNK=plan.stats_chunk, SUB=KV_STATS_SUB_ELEMS // Dp,
+            KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
             num_warps=KV_STATS_WARPS,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
@@ -379,13 +386,15 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             num_warps=_tile_warps(rows, Dp),
         )
     if plan.max_q_blocks:
-        quantize_q_kernel[(plan.max_q_blocks, H, B)](
+        q_rows = Q_QUANT_ROWS.get(Dp, BM)
+        q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
+        quantize_q_kernel[(plan.max_q_blocks * q_sub, H, B)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
-            DP=Dp, BLOCK_M=BM, SMOOTH_K=recipe.smooth_k,
+            DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            num_warps=_tile_warps(BM, Dp),
+            SUBBLOCKS=q_sub, num_warps=_tile_warps(BM // q_sub, Dp),
         )
     return ws
 

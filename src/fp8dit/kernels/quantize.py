@@ -70,12 +70,27 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
 
 
 @triton.jit
+def _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t, end, offs_d, dmask, loc):
+    """K and V's rows [t, t + len(loc)) of one head (masked at ``end``), in their dtype."""
+    # 64-bit scalar base, 32-bit offsets within the tile: per-element 64-bit addresses cost
+    # two registers each and made these kernels spill.
+    tok0 = (k_src + t).to(tl.int64)
+    m = (t + loc < end)[:, None] & dmask[None, :]
+    k = tl.load(kb + tok0 * k_st + loc[:, None] * k_st + offs_d[None, :] * k_sd, mask=m,
+                other=0.0)
+    v = tl.load(vb + tok0 * v_st + loc[:, None] * v_st + offs_d[None, :] * v_sd, mask=m,
+                other=0.0)
+    return k, v
+
+
+@triton.jit
 def kv_channel_stats_kernel(
     k_ptr, v_ptr, stats_ptr, seq_ptr,
     k_sb, k_st, k_sh, k_sd,
     v_sb, v_st, v_sh, v_sd,
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -87,6 +102,9 @@ def kv_channel_stats_kernel(
     non-finite K). The quantizer derives each block's amax of K minus its mean from them
     exactly (rounding is monotonic: fl(max k - m) = max fl(k - m)), so its programs need not
     span the attention kernel's 256-key blocks (``quantize_kv_kernel(KAMAX_FROM_STATS)``).
+
+    ``PREFETCH``: the next sub-tile's loads are issued before the current one's work, so each
+    program keeps two sub-tiles of K and V in flight instead of one (16 more registers).
     """
     c = tl.program_id(0)
     h = tl.program_id(1)
@@ -108,20 +126,25 @@ def kv_channel_stats_kernel(
         vb = v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh
         loc = tl.arange(0, SUB)
         KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
+        end = tl.minimum(k_len, t0 + CHUNK)  # the prefetch stops at the chunk's end
+        if PREFETCH:
+            k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
+                                        offs_d, dmask, loc)
         for j in range(0, CHUNK, KB):
             if KBLK > 0:
                 kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
                 kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
                 kbad = tl.zeros([SUB, DP], dtype=tl.int32)
             for i in range(j, j + KB, SUB):
-                # 64-bit scalar base, 32-bit offsets within the tile: per-element 64-bit
-                # addresses cost two registers each and made these kernels spill.
-                tok0 = (k_src + t0 + i).to(tl.int64)
                 m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
-                k = tl.load(kb + tok0 * k_st + loc[:, None] * k_st + offs_d[None, :] * k_sd,
-                            mask=m, other=0.0)
-                v = tl.load(vb + tok0 * v_st + loc[:, None] * v_st + offs_d[None, :] * v_sd,
-                            mask=m, other=0.0)
+                if PREFETCH:
+                    k = k_nxt
+                    v = v_nxt
+                    k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
+                                                t0 + i + SUB, end, offs_d, dmask, loc)
+                else:
+                    k, v = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + i, k_len,
+                                        offs_d, dmask, loc)
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
                 ksum += finite_or(k, 0.0)
@@ -351,9 +374,12 @@ def quantize_q_kernel(
     DP: tl.constexpr, BLOCK_M: tl.constexpr,
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
-    q8lo_ptr=None, TWO_TERM: tl.constexpr = False,
+    q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
+
+    ``SUBBLOCKS``: the plan's query tiles (padded per sequence) hold this many of these blocks;
+    every block of a live tile is written, rows past the sequence as zeros.
 
     Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
@@ -370,7 +396,7 @@ def quantize_q_kernel(
     k_len = tl.load(seq_ptr + b * 8 + 1)
     q_src = tl.load(seq_ptr + b * 8 + 2)
     q_pad = tl.load(seq_ptr + b * 8 + 4)
-    if blk * BLOCK_M < q_len:
+    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
         loc = tl.arange(0, BLOCK_M)
