@@ -81,7 +81,7 @@ def main() -> int:
     record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
            commit=os.environ.get("FP8DIT_COMMIT", ""), prev=a.prev)
     for name, (B, H, S, D) in PRESETS.items():
-        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0)
+        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
         st = launch._bthd_strides(q, "HND")
         plan_mod.clear_plan_cache()
         plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,

@@ -50,7 +50,7 @@ def part_quant():
                "cogvideox-5b": (2, 48, 17776, 64)}
     saved = dict(launch.KV_QUANT_ROWS), plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS
     for name, (B, H, S, D) in presets.items():
-        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0)
+        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
         st = launch._bthd_strides(q, "HND")
         wss, res = {}, {}
         for vname in (*QUANT_VARIANTS, *QUANT_VARIANTS):

@@ -36,9 +36,12 @@ VARIANTS = {
     "sub8": {"KV_STATS_SUB_ELEMS": 1024},
     "prefetch_sub8": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024},
     "prefetch_w8": {"KV_STATS_PREFETCH": True, "KV_STATS_WARPS": 8},
+    "prefetch_sub8_w2": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024,
+                         "KV_STATS_WARPS": 2},
+    "kv256": {"KV_QUANT_ROWS": {128: 0}},
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
     "q32": {"Q_QUANT_ROWS": {128: 32, 64: 32}},
-    "all": {"KV_STATS_PREFETCH": True, "KV_QUANT_ROWS": {128: 64},
+    "all": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024,
             "Q_QUANT_ROWS": {128: 32, 64: 32}},
 }
 
@@ -78,7 +81,7 @@ def main() -> int:
            commit=os.environ.get("FP8DIT_COMMIT", ""), defaults=defaults)
     for preset in a.presets.split(","):
         B, H, S, D = PRESETS[preset]
-        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0)
+        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
         st = launch._bthd_strides(q, "HND")
         plan_mod.clear_plan_cache()
         plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,

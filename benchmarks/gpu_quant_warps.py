@@ -49,7 +49,7 @@ def main() -> int:
     tile_warps = launch._tile_warps
     rec = get_recipe(None)
     for name, (B, H, S, D) in PRESETS.items():
-        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0)
+        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
         for variant, warps, k_keys in (("w32", None, 256), ("w16", 16, 256), ("w8", 8, 256),
                                        ("k128", None, 128)):
             launch.K_SCALE_KEYS = k_keys
