@@ -33,16 +33,14 @@ from gpu_quant_warps import time_ms  # noqa: E402
 VARIANTS = {
     "base": {},
     "prefetch": {"KV_STATS_PREFETCH": True},
-    "sub8": {"KV_STATS_SUB_ELEMS": 1024},
     "prefetch_sub8": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024},
-    "prefetch_w8": {"KV_STATS_PREFETCH": True, "KV_STATS_WARPS": 8},
-    "prefetch_sub8_w2": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024,
-                         "KV_STATS_WARPS": 2},
-    "kv256": {"KV_QUANT_ROWS": {128: 0}},
+    "q32": {"Q_QUANT_ROWS": {128: 32}},
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
-    "q32": {"Q_QUANT_ROWS": {128: 32, 64: 32}},
-    "all": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024,
-            "Q_QUANT_ROWS": {128: 32, 64: 32}},
+    "kv256": {"KV_QUANT_ROWS": {128: 0}},
+    "kv64_d64": {"KV_QUANT_ROWS": {64: 64}},
+    "kv128_d64": {"KV_QUANT_ROWS": {64: 128}},
+    "all": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024, "Q_QUANT_ROWS": {128: 32},
+            "KV_QUANT_ROWS": {128: 64, 64: 64}},
 }
 
 

@@ -276,7 +276,9 @@ def quantize_kv_kernel(
     Hkv = tl.num_programs(1)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
-    k_pad = tl.load(seq_ptr + b * 8 + 5)
+    # a multiple of the plan's kv block: said so, or the V^T store along tokens, whose base
+    # it offsets, is not vectorized (sm_90 SASS of triton 3.6: 32 byte stores per thread)
+    k_pad = tl.multiple_of(tl.load(seq_ptr + b * 8 + 5), 16)
     k_blk = tl.load(seq_ptr + b * 8 + 6)
     # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
     # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN.
@@ -298,14 +300,24 @@ def quantize_kv_kernel(
             + loc[:, None] * k_st + offs_d[None, :] * k_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
+        if KV_PERM16:
+            # V's rows are read in the order the attention kernel's P registers want them
+            # (row i of the tile is token vloc[i]), so V^T is stored straight along tokens:
+            # permuting the stored tile in registers made that store byte-wise (sm_90 SASS of
+            # triton 3.6: 32 STG.E.U8 per thread, each with its own 64-bit address).
+            r16 = loc % 16
+            vloc = loc - r16 + ((r16 // 2) % 2) * 8 + (r16 // 4) * 2 + r16 % 2
+        else:
+            vloc = loc
+        mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
         v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
-                + loc[:, None] * v_st + offs_d[None, :] * v_sd)
+                + vloc[:, None] * v_st + offs_d[None, :] * v_sd)
         if KAMAX_FROM_STATS:
             # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
             # after the K store in program order); 256-row programs (D=64) measured slower
             # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
             # the count below left out)
-            v = tl.load(v_at, mask=m, other=0.0)
+            v = tl.load(v_at, mask=mv, other=0.0)
         ks = tl.where(m, k - k_mean[None, :], 0.0)
         if not KAMAX_FROM_STATS:
             n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
@@ -341,23 +353,17 @@ def quantize_kv_kernel(
             tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
 
         if not KAMAX_FROM_STATS:
-            v = tl.load(v_at, mask=m, other=0.0)
+            v = tl.load(v_at, mask=mv, other=0.0)
         v = v.to(tl.float32)
         # Transposed in registers so the store runs along tokens (contiguous in v8t).
         if PV_BF16:
-            v8t = tl.trans(to_bf16(tl.where(m, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
+            v8t = tl.trans(to_bf16(tl.where(mv, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
         else:
             # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention kernel
             # multiplies P by it): see v_block_log2_scale.
             inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
-            vc = tl.where(m, (v - v_mean[None, :]) * inv[None, :], 0.0)
+            vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
             v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
-        if KV_PERM16:
-            # Permuted in registers, so the store stays contiguous along tokens: a scattered
-            # column index made it byte-wise and took the Wan 720p quantization from 2.5 to
-            # 7.4 ms on the H200 (session 4).
-            v8t = tl.reshape(v8t, [DP, BLOCK_N // 16, 2, 4, 2])
-            v8t = tl.reshape(tl.permute(v8t, [0, 1, 3, 2, 4]), [DP, BLOCK_N])
         tl.store(
             v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
             + offs_d[:, None] * Tk_pad + loc[None, :],
@@ -395,7 +401,7 @@ def quantize_q_kernel(
     q_len = tl.load(seq_ptr + b * 8 + 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     q_src = tl.load(seq_ptr + b * 8 + 2)
-    q_pad = tl.load(seq_ptr + b * 8 + 4)
+    q_pad = tl.multiple_of(tl.load(seq_ptr + b * 8 + 4), 16)  # a multiple of the q tile
     if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
