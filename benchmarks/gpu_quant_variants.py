@@ -39,6 +39,9 @@ VARIANTS = {
     "kv256": {"KV_QUANT_ROWS": {128: 0}},
     "kv64_d64": {"KV_QUANT_ROWS": {64: 64}},
     "kv128_d64": {"KV_QUANT_ROWS": {64: 128}},
+    "q16": {"Q_QUANT_ROWS": {128: 16}},
+    "kv32": {"KV_QUANT_ROWS": {128: 32}},
+    "kv128": {"KV_QUANT_ROWS": {128: 128}},
     "all": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024, "Q_QUANT_ROWS": {128: 32},
             "KV_QUANT_ROWS": {128: 64, 64: 64}},
 }

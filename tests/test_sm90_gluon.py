@@ -147,7 +147,7 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch", "kv_rows_64", "q_rows_32"])
+@pytest.mark.parametrize("knob", ["stats_prefetch", "kv_rows", "q_rows"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's layout knobs (statistics pass prefetching its next sub-tile; 64-row K/V
     and 32-row Q programs) change only how the work is cut, never a byte of the workspace: varlen
@@ -173,14 +173,16 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
             return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
                                          st[1], v, st[2], kv_perm16=True)
 
-    base = ws()
-    if knob == "stats_prefetch":
-        monkeypatch.setattr(launch, "KV_STATS_PREFETCH", not launch.KV_STATS_PREFETCH)
-    elif knob == "kv_rows_64":
-        monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, 64)
-    else:
-        monkeypatch.setitem(launch.Q_QUANT_ROWS, 128, 32)
-    other = ws()
+    def with_knob(on):
+        if knob == "stats_prefetch":
+            monkeypatch.setattr(launch, "KV_STATS_PREFETCH", on)
+        elif knob == "kv_rows":
+            monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, 64 if on else 128)
+        else:
+            monkeypatch.setitem(launch.Q_QUANT_ROWS, 128, 32 if on else 64)
+        return ws()
+
+    base, other = with_knob(False), with_knob(True)
     assert base.k_scale.isnan().sum() == 1
     for name in ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean"):
         a, b = getattr(base, name), getattr(other, name)

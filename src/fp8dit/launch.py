@@ -140,18 +140,23 @@ K_SCALE_KEYS = 256
 # Rows per quantize_kv program, by padded head dim, when one K scale spans a longer kv block:
 # the block's amax then comes from the channel-statistics pass (``KAMAX_FROM_STATS``), bitwise
 # the same scale; absent or 0: programs span the block. Same process (run s8-2, all three
-# quantization launches): Wan 720p 3.19-3.29 ms against 3.65-3.75 for 256-row programs (which
-# spill ~600 registers at D=128, sm_90 SASS of triton 3.6), Wan2.1-1.3B 0.50 against 0.57;
-# at D=64 (CogVideoX) 0.79 against 0.68, so D=64 keeps 256-row programs.
-KV_QUANT_ROWS: dict[int, int] = {128: 128}
-# Warps of the channel-statistics pass (8 measured slower in run s8-2).
+# quantization launches, with inputs whose heads overlapped, see NOTES session 12): 128 rows
+# against 256 at D=128. Run s12-3 (real inputs; V^T stored 16 bytes at a time since commit
+# 3c08bcd), quantize_kv alone: Wan 720p 0.79 ms with 64 rows against 1.07 with 128 and 1.23
+# with 256; CogVideoX (D=64) 0.103 with 64 rows against 0.169 with 256 (its statistics pass
+# then takes the K block max/min: +0.03 ms, net -0.03).
+KV_QUANT_ROWS: dict[int, int] = {128: 64, 64: 64}
+# Warps of the channel-statistics pass (8 measured slower in runs s8-2 and s12-2).
 KV_STATS_WARPS = 4
 # Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim), and
-# whether it loads the next sub-tile before the current one's work (``PREFETCH``).
-KV_STATS_SUB_ELEMS = 2048
-KV_STATS_PREFETCH = False
+# whether it loads the next sub-tile before the current one's work (``PREFETCH``). Run s12-3,
+# Wan 720p: 1.06 ms (16 rows, no prefetch), 0.86 (prefetch), 0.68 (8 rows and prefetch: 96
+# registers instead of 168, 48% of the DRAM bandwidth instead of 31%, ncu s12-2).
+KV_STATS_SUB_ELEMS = 1024
+KV_STATS_PREFETCH = True
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
-Q_QUANT_ROWS: dict[int, int] = {}
+# Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
+Q_QUANT_ROWS: dict[int, int] = {128: 32}
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {

@@ -1,0 +1,513 @@
+"""Fused FP8 quantization of Q, K and V into the padded head-major buffers the attention reads.
+
+Inputs are read once in their own layout through strides (NHD, HND or packed varlen), so no
+transpose, pad or ``.contiguous()`` runs in torch. Per-sequence metadata comes from the plan's
+``seq`` table (one int32 row per sequence, fields named by the ``SEQ_*`` constants below).
+
+Recipe (the default, see ``fp8dit.recipes``):
+- K: subtract the per-(sequence, kv head, channel) mean over tokens ("smooth K"; exact because
+  softmax is shift-invariant per row), then one int8 (or fp8) scale per block of ``BLOCK_N``
+  tokens.
+- Q: one int8 (or fp8) scale per token, multiplied by ``softmax_scale * log2(e)`` so the
+  attention kernel turns scores into exp2 arguments with a single FMA.
+- A token (Q) or block (K) holding a non-finite value gets a NaN scale: int8 cannot carry NaN,
+  and the scale carries it into exactly the scores that the bad value reaches (for K, the
+  block's scores).
+- V: optional per-channel mean removal (added back after PV), then one fp8 scale per channel;
+  stored transposed ([head, channel, token]) because fp8 wgmma wants V K-major.
+
+Other recipes switch parts of this with constexpr flags (the default compiles as before):
+``PV_BF16`` stores V in bf16 without a scale (same transposed layout); ``TENSOR_SCALES`` takes
+one scale per tensor for Q, K and V from :func:`qkv_abs_max_kernel` +
+:func:`abs_max_finalize_kernel` (the per-tensor baseline).
+"""
+
+import triton
+import triton.language as tl
+
+from .common import (
+    finite_or,
+    quantize_tile,
+    residual_int8,
+    to_bf16,
+    to_fp8_e4m3,
+    v_block_log2_scale,
+)
+
+# Columns of the plan's int32 ``seq`` table.
+SEQ_Q_LEN = 0
+SEQ_K_LEN = 1
+SEQ_Q_SRC = 2  # first token of the sequence in the user's tensor (varlen offset, 0 when dense)
+SEQ_K_SRC = 3
+SEQ_Q_PAD = 4  # first row of the sequence in the padded internal q buffer
+SEQ_K_PAD = 5
+SEQ_K_BLK = 6  # first kv block of the sequence (index into the per-block K scales)
+SEQ_FIELDS = 8
+
+# Scales never drop below this amax: keeps products of scales normal in fp32, so a masked
+# -inf score times its scale stays -inf instead of becoming NaN.
+AMAX_FLOOR = tl.constexpr(1e-8)
+
+# Channel statistics per chunk: [sum K, sum V, max V, min V].
+N_STATS = 4
+
+
+@triton.jit
+def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
+    """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
+    ``rotate``): spreads outlier channels over all channels before the per-token / per-block
+    scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
+    unchanged (R R^T = I). tf32 on the GPU: its rounding is ~2% of an int8 step, fine for one
+    int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
+    accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
+    off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
+    the quantization ~170 ms slower at Wan 720p (run s5-7)."""
+    offs = tl.arange(0, DP)
+    r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
+    if PRECISE:
+        return tl.dot(x, r, input_precision="tf32x3")
+    return tl.dot(x, r)
+
+
+@triton.jit
+def _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t, end, offs_d, dmask, loc):
+    """K and V's rows [t, t + len(loc)) of one head (masked at ``end``), in their dtype."""
+    # 64-bit scalar base, 32-bit offsets within the tile: per-element 64-bit addresses cost
+    # two registers each and made these kernels spill.
+    tok0 = (k_src + t).to(tl.int64)
+    m = (t + loc < end)[:, None] & dmask[None, :]
+    k = tl.load(kb + tok0 * k_st + loc[:, None] * k_st + offs_d[None, :] * k_sd, mask=m,
+                other=0.0)
+    v = tl.load(vb + tok0 * v_st + loc[:, None] * v_st + offs_d[None, :] * v_sd, mask=m,
+                other=0.0)
+    return k, v
+
+
+@triton.jit
+def kv_channel_stats_kernel(
+    k_ptr, v_ptr, stats_ptr, seq_ptr,
+    k_sb, k_st, k_sh, k_sd,
+    v_sb, v_st, v_sh, v_sd,
+    n_chunks, D, kblk_ptr, n_kblocks,
+    DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
+):
+    """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
+
+    Partial results go to ``stats[b, h, chunk]``; consumers add the chunks up in a fixed order,
+    so the result is deterministic (no atomics). Non-finite values are left out of the sums.
+
+    ``KBLK`` > 0 (a divisor of ``CHUNK``): also K's per-channel max and min over each block of
+    ``KBLK`` tokens, into ``kblk[h, k_blk + block, 0 / 1]`` (max NaN where the block holds a
+    non-finite K). The quantizer derives each block's amax of K minus its mean from them
+    exactly (rounding is monotonic: fl(max k - m) = max fl(k - m)), so its programs need not
+    span the attention kernel's 256-key blocks (``quantize_kv_kernel(KAMAX_FROM_STATS)``).
+
+    ``PREFETCH``: the next sub-tile's loads are issued before the current one's work, so each
+    program keeps two sub-tiles of K and V in flight instead of one (16 more registers).
+    """
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    Hkv = tl.num_programs(1)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
+    k_src = tl.load(seq_ptr + b * 8 + 3)
+    t0 = c * CHUNK
+    if t0 < k_len:
+        offs_d = tl.arange(0, DP)
+        dmask = offs_d < D
+        # Element-wise partials over the chunk, reduced across rows once at the end: a
+        # cross-warp reduction per tile (four of them) ran this pass at ~400 GB/s.
+        ksum = tl.zeros([SUB, DP], dtype=tl.float32)
+        vsum = tl.zeros([SUB, DP], dtype=tl.float32)
+        vmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
+        vmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
+        kb = k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh
+        vb = v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh
+        loc = tl.arange(0, SUB)
+        KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
+        end = tl.minimum(k_len, t0 + CHUNK)  # the prefetch stops at the chunk's end
+        if PREFETCH:
+            k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
+                                        offs_d, dmask, loc)
+        for j in range(0, CHUNK, KB):
+            if KBLK > 0:
+                kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
+                kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
+                kbad = tl.zeros([SUB, DP], dtype=tl.int32)
+            for i in range(j, j + KB, SUB):
+                m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
+                if PREFETCH:
+                    k = k_nxt
+                    v = v_nxt
+                    k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
+                                                t0 + i + SUB, end, offs_d, dmask, loc)
+                else:
+                    k, v = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + i, k_len,
+                                        offs_d, dmask, loc)
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+                ksum += finite_or(k, 0.0)
+                vsum += finite_or(v, 0.0)
+                vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
+                vmin = tl.minimum(vmin, tl.where(m, finite_or(v, float("inf")), float("inf")))
+                if KBLK > 0:
+                    # as the quantizer's own amax: non-finite values left out (and flagged)
+                    ok = m & (finite_or(k, 0.0) == k)
+                    kmax = tl.maximum(kmax, tl.where(ok, k, float("-inf")))
+                    kmin = tl.minimum(kmin, tl.where(ok, k, float("inf")))
+                    kbad += tl.where(m & ~ok, 1, 0)
+            if KBLK > 0:
+                if t0 + j < k_len:
+                    k_blk = tl.load(seq_ptr + b * 8 + 6)
+                    bad = tl.sum(tl.sum(kbad, 0), 0)
+                    kmx = tl.where(bad > 0, float("nan"), tl.max(kmax, 0))
+                    kout = kblk_ptr + ((h * n_kblocks + k_blk + (t0 + j) // KBLK) * 2) * DP
+                    tl.store(kout + offs_d, kmx)
+                    tl.store(kout + DP + offs_d, tl.min(kmin, 0))
+        ksum = tl.sum(ksum, 0)
+        vsum = tl.sum(vsum, 0)
+        vmax = tl.max(vmax, 0)
+        vmin = tl.min(vmin, 0)
+        out = stats_ptr + (((b * Hkv + h) * n_chunks + c) * 4) * DP + offs_d
+        tl.store(out, ksum)
+        tl.store(out + DP, vsum)
+        tl.store(out + 2 * DP, vmax)
+        tl.store(out + 3 * DP, vmin)
+
+
+@triton.jit
+def kv_stats_finalize_kernel(
+    stats_ptr, seq_ptr, k_mean_ptr, v_mean_ptr, v_scale_ptr, amax_ptr,
+    n_chunks, D,
+    DP: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr, SMOOTH_K: tl.constexpr,
+    CENTER_V: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
+):
+    """Per (kv head, sequence): add the chunks up (fixed order) into K's channel mean and V's
+    channel mean and fp8 scale, once, so the quantization programs read one row each.
+
+    Chunks are read ``ROWS`` at a time as [ROWS, DP] tiles: with short chunks there are dozens
+    per head, and one dependent load per chunk left this latency-bound.
+    ``PV_BF16``: V's scale is 1 (bf16 V is not scaled). ``TENSOR_SCALES``: V's scale is V's
+    tensor-wide amax (``amax_ptr[2]``) / 448 in every channel."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    Hkv = tl.num_programs(0)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
+    offs_d = tl.arange(0, DP)
+    dmask = offs_d < D
+    offs_r = tl.arange(0, ROWS)
+    ksum = tl.zeros([ROWS, DP], dtype=tl.float32)
+    vsum = tl.zeros([ROWS, DP], dtype=tl.float32)
+    vmax = tl.full([ROWS, DP], float("-inf"), dtype=tl.float32)
+    vmin = tl.full([ROWS, DP], float("inf"), dtype=tl.float32)
+    base = stats_ptr + ((b * Hkv + h) * n_chunks) * 4 * DP
+    n_used = tl.cdiv(k_len, CHUNK)
+    for c0 in range(0, n_used, ROWS):
+        rows = c0 + offs_r
+        rm = (rows < n_used)[:, None]
+        p = base + rows[:, None] * (4 * DP) + offs_d[None, :]
+        ksum += tl.load(p, mask=rm, other=0.0)
+        vsum += tl.load(p + DP, mask=rm, other=0.0)
+        vmax = tl.maximum(vmax, tl.load(p + 2 * DP, mask=rm, other=float("-inf")))
+        vmin = tl.minimum(vmin, tl.load(p + 3 * DP, mask=rm, other=float("inf")))
+    ksum = tl.sum(ksum, 0)
+    vsum = tl.sum(vsum, 0)
+    vmax = tl.max(vmax, 0)
+    vmin = tl.min(vmin, 0)
+    inv_len = 1.0 / tl.maximum(k_len, 1).to(tl.float32)
+    if SMOOTH_K:
+        k_mean = tl.where(dmask, ksum * inv_len, 0.0)
+    else:
+        k_mean = tl.zeros([DP], dtype=tl.float32)
+    if CENTER_V:
+        v_mean = tl.where(dmask, vsum * inv_len, 0.0)
+    else:
+        v_mean = tl.zeros([DP], dtype=tl.float32)
+    if PV_BF16:
+        v_scale = tl.full([DP], 1.0, dtype=tl.float32)
+    elif TENSOR_SCALES:
+        v_scale = tl.zeros([DP], dtype=tl.float32) + tl.load(amax_ptr + 2) / 448.0
+    else:
+        v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
+        v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
+        v_scale = v_amax / 448.0
+    out = (b * Hkv + h) * DP + offs_d
+    tl.store(k_mean_ptr + out, k_mean)
+    tl.store(v_mean_ptr + out, v_mean)
+    tl.store(v_scale_ptr + out, v_scale)
+
+
+@triton.jit
+def quantize_kv_kernel(
+    k_ptr, v_ptr, k_mean_ptr, seq_ptr,
+    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr, amax_ptr, rot_ptr,
+    k_sb, k_st, k_sh, k_sd,
+    v_sb, v_st, v_sh, v_sd,
+    D, Tk_pad, n_kblocks,
+    DP: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
+    SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
+    ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
+    k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
+    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
+):
+    """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
+
+    ``SUBBLOCKS``: the attention kernel's kv blocks hold this many of these blocks (its 256-key
+    steps, two of 128): K keeps one scale per ``BLOCK_N`` tokens (``n_kblocks`` counts
+    scales), V's grid factor follows the attention kernel's block.
+    ``KAMAX_FROM_STATS`` (with ``SUBBLOCKS``): one K scale per attention block all the same,
+    from the block's channel max and min that ``kv_channel_stats_kernel(KBLK)`` stored in
+    ``kblk`` (bitwise the amax a program spanning the block would take, and its non-finite
+    flag): 128-row programs, which spill far less than 256-row ones at D=128 (the Wan 720p
+    quantization 3.2 ms against 3.7, run s8-2; ``launch.KV_QUANT_ROWS`` says where it runs).
+
+    ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
+    column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
+
+    ``TENSOR_SCALES``: K's scale is its tensor-wide amax (``amax_ptr[1]``) instead of the
+    block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
+    ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
+    """
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    Hkv = tl.num_programs(1)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
+    k_src = tl.load(seq_ptr + b * 8 + 3)
+    k_pad = tl.load(seq_ptr + b * 8 + 5)
+    k_blk = tl.load(seq_ptr + b * 8 + 6)
+    # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
+    # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN.
+    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N) < k_len:
+        offs_d = tl.arange(0, DP)
+        dmask = offs_d < D
+        stat = (b * Hkv + h) * DP + offs_d
+        k_mean = tl.load(k_mean_ptr + stat)
+        v_mean = tl.load(v_mean_ptr + stat)
+        v_scale = tl.load(v_scale_ptr + stat)
+
+        loc = tl.arange(0, BLOCK_N)
+        rows = blk * BLOCK_N + loc
+        rmask = rows < k_len
+        m = rmask[:, None] & dmask[None, :]
+        tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
+        k = tl.load(
+            k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
+            + loc[:, None] * k_st + offs_d[None, :] * k_sd,
+            mask=m, other=0.0,
+        ).to(tl.float32)
+        v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
+                + loc[:, None] * v_st + offs_d[None, :] * v_sd)
+        if KAMAX_FROM_STATS:
+            # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
+            # after the K store in program order); 256-row programs (D=64) measured slower
+            # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
+            # the count below left out)
+            v = tl.load(v_at, mask=m, other=0.0)
+        ks = tl.where(m, k - k_mean[None, :], 0.0)
+        if not KAMAX_FROM_STATS:
+            n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
+        if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
+            ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
+        if TENSOR_SCALES:
+            k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
+        elif KAMAX_FROM_STATS:
+            kst = kblk_ptr + ((h * n_kblocks + k_blk + blk // SUBBLOCKS) * 2) * DP + offs_d
+            kmx = tl.load(kst)
+            kmn = tl.load(kst + DP)
+            # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
+            # its mean overflowing is flagged here, so the tile's own count is not taken
+            span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
+            ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
+            n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
+            k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
+            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+        else:
+            k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
+            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+        k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+        prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
+        k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
+        if TWO_TERM:
+            tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
+        k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
+        tl.store(k8_ptr + k_at, k8)
+        if KAMAX_FROM_STATS:  # the block's scale, from its first program
+            if blk % SUBBLOCKS == 0:
+                tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk // SUBBLOCKS, k_scale)
+        else:
+            tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
+
+        if not KAMAX_FROM_STATS:
+            v = tl.load(v_at, mask=m, other=0.0)
+        v = v.to(tl.float32)
+        # Transposed in registers so the store runs along tokens (contiguous in v8t).
+        if PV_BF16:
+            v8t = tl.trans(to_bf16(tl.where(m, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
+        else:
+            # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention kernel
+            # multiplies P by it): see v_block_log2_scale.
+            inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
+            vc = tl.where(m, (v - v_mean[None, :]) * inv[None, :], 0.0)
+            v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+        if KV_PERM16:
+            # Permuted in registers, so the store stays contiguous along tokens: a scattered
+            # column index made it byte-wise and took the Wan 720p quantization from 2.5 to
+            # 7.4 ms on the H200 (session 4).
+            v8t = tl.reshape(v8t, [DP, BLOCK_N // 16, 2, 4, 2])
+            v8t = tl.reshape(tl.permute(v8t, [0, 1, 3, 2, 4]), [DP, BLOCK_N])
+        tl.store(
+            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
+            + offs_d[:, None] * Tk_pad + loc[None, :],
+            v8t,
+        )
+
+
+@triton.jit
+def quantize_q_kernel(
+    q_ptr, k_mean_ptr, seq_ptr,
+    q8_ptr, q_scale_ptr, q_lse_corr_ptr, amax_ptr, rot_ptr,
+    q_sb, q_st, q_sh, q_sd,
+    D, Tq_pad, group, sm_scale, sm_scale_log2,
+    DP: tl.constexpr, BLOCK_M: tl.constexpr,
+    SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
+    TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
+    q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
+):
+    """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
+
+    ``SUBBLOCKS``: the plan's query tiles (padded per sequence) hold this many of these blocks;
+    every block of a live tile is written, rows past the sequence as zeros.
+
+    Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
+    that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
+    tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
+    ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
+    """
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    H = tl.num_programs(1)
+    Hkv = H // group
+    q_len = tl.load(seq_ptr + b * 8 + 0)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
+    q_src = tl.load(seq_ptr + b * 8 + 2)
+    q_pad = tl.load(seq_ptr + b * 8 + 4)
+    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
+        offs_d = tl.arange(0, DP)
+        dmask = offs_d < D
+        loc = tl.arange(0, BLOCK_M)
+        rows = blk * BLOCK_M + loc
+        rmask = rows < q_len
+        m = rmask[:, None] & dmask[None, :]
+        tok0 = (q_src + blk * BLOCK_M).to(tl.int64)
+        q = tl.load(
+            q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + tok0 * q_st
+            + loc[:, None] * q_st + offs_d[None, :] * q_sd,
+            mask=m, other=0.0,
+        ).to(tl.float32)
+        if ROTATE:
+            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
+        else:
+            qr = q
+        if TENSOR_SCALES:
+            scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
+        else:
+            amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
+            scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
+        q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
+        n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
+        prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in the [H*Tq_pad] view
+        q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
+        if TWO_TERM:
+            tl.store(q8lo_ptr + q_at,
+                     residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
+        scale = tl.where(n_bad > 0, float("nan"), scale)
+        tl.store(q8_ptr + q_at, q8)
+        tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
+        corr = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if SMOOTH_K:
+            if k_len > 0:
+                k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
+                corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
+        tl.store(q_lse_corr_ptr + prow0 + loc, corr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-tensor scales (the "per-tensor-fp8" baseline recipe only)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_abs_max(base, s_t, s_d, src, t0, length, D,
+                   DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Largest finite |x| over tokens [t0, t0 + CHUNK) of one head (0 when none)."""
+    offs_d = tl.arange(0, DP)
+    loc = tl.arange(0, SUB)
+    # Element-wise maximum over the chunk, reduced once at the end (as kv_channel_stats).
+    acc = tl.zeros([SUB, DP], dtype=tl.float32)
+    for i in range(0, CHUNK, SUB):
+        # 64-bit scalar base, 32-bit offsets within the tile (as in the other passes).
+        tok0 = (src + t0 + i).to(tl.int64)
+        m = (t0 + i + loc < length)[:, None] & (offs_d < D)[None, :]
+        x = tl.load(base + tok0 * s_t + loc[:, None] * s_t + offs_d[None, :] * s_d, mask=m,
+                    other=0.0)
+        acc = tl.maximum(acc, tl.abs(finite_or(x.to(tl.float32), 0.0)))
+    return tl.max(tl.max(acc, 1), 0)
+
+
+@triton.jit
+def qkv_abs_max_kernel(
+    q_ptr, k_ptr, v_ptr, seq_ptr, part_ptr,
+    q_sb, q_st, q_sh, q_sd,
+    k_sb, k_st, k_sh, k_sd,
+    v_sb, v_st, v_sh, v_sd,
+    D, n_chunks, group,
+    DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+):
+    """Per (chunk of tokens, head, sequence): the largest finite |q|, |k| and |v|.
+
+    Writes ``part[t, b, h, chunk]`` for t = q, k, v, every slot (0 where the chunk is past the
+    sequence or ``h`` is no kv head), so the buffer needs no zero fill.
+    """
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    H = tl.num_programs(1)
+    B = tl.num_programs(2)
+    Hkv = H // group
+    q_len = tl.load(seq_ptr + b * 8 + 0)
+    k_len = tl.load(seq_ptr + b * 8 + 1)
+    q_src = tl.load(seq_ptr + b * 8 + 2)
+    k_src = tl.load(seq_ptr + b * 8 + 3)
+    # Heads past Hkv read nothing (length 0) at an in-bounds head.
+    hk = tl.minimum(h, Hkv - 1).to(tl.int64)
+    k_len = tl.where(h < Hkv, k_len, 0)
+    t0 = c * CHUNK
+    b64 = b.to(tl.int64)
+    qa = _chunk_abs_max(q_ptr + b64 * q_sb + h.to(tl.int64) * q_sh, q_st, q_sd, q_src, t0,
+                        q_len, D, DP, CHUNK, SUB)
+    ka = _chunk_abs_max(k_ptr + b64 * k_sb + hk * k_sh, k_st, k_sd, k_src, t0, k_len, D,
+                        DP, CHUNK, SUB)
+    va = _chunk_abs_max(v_ptr + b64 * v_sb + hk * v_sh, v_st, v_sd, k_src, t0, k_len, D,
+                        DP, CHUNK, SUB)
+    n_part = B * H * n_chunks
+    idx = (b * H + h) * n_chunks + c
+    tl.store(part_ptr + idx, qa)
+    tl.store(part_ptr + n_part + idx, ka)
+    tl.store(part_ptr + 2 * n_part + idx, va)
+
+
+@triton.jit
+def abs_max_finalize_kernel(part_ptr, amax_ptr, n_part, BLOCK: tl.constexpr):
+    """Program t (0: q, 1: k, 2: v): max over its partials, floored, into ``amax[t]``."""
+    t = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, n_part, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        acc = tl.maximum(acc, tl.load(part_ptr + t * n_part + offs, mask=offs < n_part,
+                                      other=0.0))
+    tl.store(amax_ptr + t, tl.maximum(tl.max(acc, 0), AMAX_FLOOR))
