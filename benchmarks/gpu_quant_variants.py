@@ -32,18 +32,15 @@ from gpu_quant_warps import time_ms  # noqa: E402
 # name -> launch attributes to set (dict entries are merged into the dicts)
 VARIANTS = {
     "base": {},
-    "prefetch": {"KV_STATS_PREFETCH": True},
-    "prefetch_sub8": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024},
-    "q32": {"Q_QUANT_ROWS": {128: 32}},
+    "prefetch0": {"KV_STATS_PREFETCH": 0},
+    "prefetch2": {"KV_STATS_PREFETCH": 2},
+    "sub4": {"KV_STATS_SUB_ELEMS": 512},
+    "prefetch2_sub4": {"KV_STATS_PREFETCH": 2, "KV_STATS_SUB_ELEMS": 512},
+    "prefetch2_sub16": {"KV_STATS_PREFETCH": 2, "KV_STATS_SUB_ELEMS": 2048},
+    "q64": {"Q_QUANT_ROWS": {128: 64}},
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
-    "kv256": {"KV_QUANT_ROWS": {128: 0}},
-    "kv64_d64": {"KV_QUANT_ROWS": {64: 64}},
+    "kv32_d64": {"KV_QUANT_ROWS": {64: 32}},
     "kv128_d64": {"KV_QUANT_ROWS": {64: 128}},
-    "q16": {"Q_QUANT_ROWS": {128: 16}},
-    "kv32": {"KV_QUANT_ROWS": {128: 32}},
-    "kv128": {"KV_QUANT_ROWS": {128: 128}},
-    "all": {"KV_STATS_PREFETCH": True, "KV_STATS_SUB_ELEMS": 1024, "Q_QUANT_ROWS": {128: 32},
-            "KV_QUANT_ROWS": {128: 64, 64: 64}},
 }
 
 

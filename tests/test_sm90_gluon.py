@@ -147,9 +147,9 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch", "kv_rows", "q_rows"])
+@pytest.mark.parametrize("knob", ["stats_prefetch1", "stats_prefetch2", "kv_rows", "q_rows"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
-    """The quantization's layout knobs (statistics pass prefetching its next sub-tile; 64-row K/V
+    """The quantization's layout knobs (statistics pass prefetching its next sub-tiles; 64-row K/V
     and 32-row Q programs) change only how the work is cut, never a byte of the workspace: varlen
     with an empty query sequence and lengths that end mid-block, GQA, D=72, and a NaN key
     (its block's scale NaN)."""
@@ -174,8 +174,8 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
                                          st[1], v, st[2], kv_perm16=True)
 
     def with_knob(on):
-        if knob == "stats_prefetch":
-            monkeypatch.setattr(launch, "KV_STATS_PREFETCH", on)
+        if knob.startswith("stats_prefetch"):
+            monkeypatch.setattr(launch, "KV_STATS_PREFETCH", int(knob[-1]) if on else 0)
         elif knob == "kv_rows":
             monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, 64 if on else 128)
         else:

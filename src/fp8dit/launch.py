@@ -145,15 +145,16 @@ K_SCALE_KEYS = 256
 # 3c08bcd), quantize_kv alone: Wan 720p 0.79 ms with 64 rows against 1.07 with 128 and 1.23
 # with 256; CogVideoX (D=64) 0.103 with 64 rows against 0.169 with 256 (its statistics pass
 # then takes the K block max/min: +0.03 ms, net -0.03).
-KV_QUANT_ROWS: dict[int, int] = {128: 64, 64: 64}
+# Run s12-4: 32 rows at D=128, 0.71 ms at Wan 720p against 0.79 for 64 (Wan 480p 0.31 / 0.34).
+KV_QUANT_ROWS: dict[int, int] = {128: 32, 64: 64}
 # Warps of the channel-statistics pass (8 measured slower in runs s8-2 and s12-2).
 KV_STATS_WARPS = 4
 # Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim), and
-# whether it loads the next sub-tile before the current one's work (``PREFETCH``). Run s12-3,
+# how many next sub-tiles it loads before the current one's work (``PREFETCH``). Run s12-3,
 # Wan 720p: 1.06 ms (16 rows, no prefetch), 0.86 (prefetch), 0.68 (8 rows and prefetch: 96
 # registers instead of 168, 48% of the DRAM bandwidth instead of 31%, ncu s12-2).
 KV_STATS_SUB_ELEMS = 1024
-KV_STATS_PREFETCH = True
+KV_STATS_PREFETCH = 1
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
 # Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
 Q_QUANT_ROWS: dict[int, int] = {128: 32}
