@@ -143,3 +143,21 @@ def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp
         if r["name"] == "attention_fwd_persistent_kernel":
             assert sass.get("IGMMA", 0) + sass.get("QGMMA", 0) + sass.get("HGMMA", 0) > 0, r
             assert sass.get("UTMALDG", 0) > 0, f"tiles not loaded by TMA: {r}"
+
+
+@pytest.mark.parametrize("args", [["kv"], ["kv", "--dp", "64", "--rows", "64"], ["q"],
+                                  ["stats"]], ids=["kv-d128", "kv-d64", "q", "stats"])
+def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
+    """The quantization kernels as the H200 runs them (the launch's specializations included):
+    global stores vectorized and no spills. V^T's store went byte-wise once when its base's
+    alignment was unknown (32 STG.E.U8 per thread, a spilling program; session 12)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tool = os.path.join(os.path.dirname(__file__), "tools", "sass_quantize.py")
+    proc = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows, proc.stderr[-3000:]
+    ops = rows[0]["ops"]
+    assert not [op for op in ops if op.startswith(("STG.E.U8", "STG.E.U16", "LDL", "STL"))], ops
+    if args[0] != "stats":
+        assert ops.get("STG.E.128", 0) >= 2, ops

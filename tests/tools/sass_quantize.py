@@ -1,0 +1,104 @@
+"""The quantization kernels' sm_90 SASS as the H200 runs them, on a machine without a GPU.
+
+    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py kv [--rows 32] [--dp 128]
+    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py q [--rows 32]
+    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4] [--prefetch 1]
+
+Compiles one kernel with the constexprs of the warp-specialized path at Wan 720p and the
+specializations a launch gets (pointers and the named integers divisible by 16, unit strides
+constant), and prints its registers, shared memory and global/local memory instruction counts
+(session 12 found V^T's byte-wise store this way: ``STG.E.U8``). ``--dump FILE`` writes the SASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fp8dit.kernels import quantize as Q
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sm90_compile import _disassemble  # noqa: E402
+
+OPS = r"\b(LDL|STL|LDG\.E[.\w]*|STG\.E[.\w]*|LDS[.\w]*|STS[.\w]*|BAR[.\w]*|SHFL[.\w]*)"
+
+
+def _registers(cubin: bytes) -> int:
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    return int(re.search(r"REG:(\d+)", res).group(1))
+
+
+def compile_sm90(fn, types, const, warps, div16):
+    params = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in const
+           else types.get(n, "*fp32" if n.endswith("_ptr") else "i32") for n in params}
+    attrs = {(params.index(n),): [["tt.divisibility", 16]] for n in params
+             if n not in const and (sig[n].startswith("*") or n in div16)}
+    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                    constexprs={(params.index(k),): v for k, v in const.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    sass = _disassemble(ck.asm["cubin"])
+    return sass, dict(registers=_registers(ck.asm["cubin"]), shared=ck.metadata.shared,
+                      ops=dict(collections.Counter(re.findall(OPS, sass))))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kernel", choices=("kv", "q", "stats"))
+    ap.add_argument("--rows", type=int, default=32)
+    ap.add_argument("--dp", type=int, default=128)
+    ap.add_argument("--sub", type=int, default=4)
+    ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--dump", default="")
+    a = ap.parse_args()
+    bf16_in = dict(k_ptr="*bf16", v_ptr="*bf16", q_ptr="*bf16", seq_ptr="*i32",
+                   k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", rot_ptr="*i32",
+                   k8lo_ptr="*i8", q8lo_ptr="*i8", sm_scale="fp32", sm_scale_log2="fp32")
+    if a.kernel == "kv":
+        const = dict(DP=a.dp, BLOCK_N=a.rows, QK_INT8=True, SOFT_FP8_CAST=False,
+                     TENSOR_SCALES=False, PV_BF16=False, ROTATE=False, KV_PERM16=True,
+                     TWO_TERM=False, SUBBLOCKS=256 // a.rows, KAMAX_FROM_STATS=a.rows < 256,
+                     k_sd=1, v_sd=1)
+        args = (Q.quantize_kv_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
+                ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D", "Tk_pad"))
+    elif a.kernel == "q":
+        const = dict(DP=a.dp, BLOCK_M=a.rows, SMOOTH_K=True, QK_INT8=True, SOFT_FP8_CAST=False,
+                     TENSOR_SCALES=False, ROTATE=False, TWO_TERM=False,
+                     SUBBLOCKS=max(1, 64 // a.rows), q_sd=1)
+        args = (Q.quantize_q_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
+                ("q_sb", "q_st", "q_sh", "D", "Tq_pad"))
+    else:
+        const = dict(DP=a.dp, CHUNK=512, SUB=a.sub, KBLK=256, PREFETCH=a.prefetch,
+                     k_sd=1, v_sd=1)
+        args = (Q.kv_channel_stats_kernel, bf16_in, const, 4,
+                ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D"))
+    sass, rep = compile_sm90(*args)
+    print(json.dumps(dict(kernel=a.kernel, **{k: v for k, v in const.items()
+                                               if k in ("DP", "BLOCK_N", "BLOCK_M", "SUB",
+                                                        "PREFETCH")}, **rep)))
+    if a.dump:
+        with open(a.dump, "w") as f:
+            f.write(sass)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
