@@ -155,6 +155,10 @@ KV_STATS_WARPS = 4
 # registers instead of 168, 48% of the DRAM bandwidth instead of 31%, ncu s12-2). Run s12-5:
 # 4-row sub-tiles 0.61 ms (CogVideoX 0.110 -> 0.104); prefetching two no better (0.606).
 KV_STATS_SUB_ELEMS = 512
+# Under Triton's interpreter every loop step costs Python time: 4-row sub-tiles made a 65k-token
+# CPU test take 66 s instead of 28. The sub-tile only changes the order of the fp32 sums (the
+# means' last bits); tests/test_sm90_gluon.py runs the GPU's size against this one.
+KV_STATS_SUB_ELEMS_INTERPRET = 2048
 KV_STATS_PREFETCH = 1
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
 # Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
@@ -372,7 +376,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             kblk, plan.n_kblocks,
-            DP=Dp, CHUNK=plan.stats_chunk, SUB=KV_STATS_SUB_ELEMS // Dp,
+            DP=Dp, CHUNK=plan.stats_chunk,
+            SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
             KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
             num_warps=KV_STATS_WARPS,
         )
