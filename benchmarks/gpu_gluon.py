@@ -52,6 +52,20 @@ def record(**kw):
     print(json.dumps(kw), flush=True)
 
 
+def record_env(**extra):
+    """The first row of a one-call script: GPU, versions, commit (FP8DIT_COMMIT), date."""
+    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""),
+           date=datetime.datetime.now().isoformat(timespec="seconds"), **extra)
+
+
+def write_rows(path):
+    """Every recorded row as one JSON list (``--out``; nothing when ``path`` is empty)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(ROWS, f, indent=1)
+
+
 def kernel(name):
     os.environ["FP8DIT_KERNEL"] = name
 
@@ -316,9 +330,7 @@ def run_parts(namespace, default_parts, after_part=None) -> int:
     ap.add_argument("--parts", default=default_parts)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           triton=triton.__version__, commit=os.environ.get("FP8DIT_COMMIT", ""),
-           date=datetime.datetime.now().isoformat(timespec="seconds"))
+    record_env()
     for part in a.parts.split(","):
         try:
             namespace[f"part_{part}"]()
@@ -326,9 +338,7 @@ def run_parts(namespace, default_parts, after_part=None) -> int:
             record(part=part, error=f"{type(e).__name__}: {e}"[:600])
         if after_part:
             after_part()
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(ROWS, f, indent=1)
+    write_rows(a.out)
     return 0
 
 

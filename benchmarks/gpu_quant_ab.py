@@ -29,7 +29,7 @@ from fp8dit.recipes import get_recipe
 from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_gluon import record  # noqa: E402
+from gpu_gluon import record, record_env  # noqa: E402
 from gpu_quant_warps import time_ms  # noqa: E402
 
 KERNELS = ("kv_channel_stats_kernel", "kv_stats_finalize_kernel", "quantize_kv_kernel",
@@ -47,6 +47,19 @@ def _load_prev(path):
     mod.__package__ = fp8dit.kernels.__name__
     spec.loader.exec_module(mod)
     return mod
+
+
+def stage_run(preset, rec):
+    """``launch.quantize_stage`` as ``fp8dit.attention`` runs it with the warp-specialized
+    kernel's plan, on fresh HND inputs of ``preset`` (the strides describe the layout made)."""
+    B, H, S, D = PRESETS[preset]
+    q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
+    st = launch._bthd_strides(q, "HND")
+    plan_mod.clear_plan_cache()
+    plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
+                              head_dim=D, is_causal=False, device=q.device, recipe=rec)
+    return functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
+                             k, st, v, st, kv_perm16=True)
 
 
 def _use(kernels):
@@ -78,16 +91,9 @@ def main() -> int:
              "new": {n: getattr(launch, n) for n in KERNELS}}
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           commit=os.environ.get("FP8DIT_COMMIT", ""), prev=a.prev)
-    for name, (B, H, S, D) in PRESETS.items():
-        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
-        st = launch._bthd_strides(q, "HND")
-        plan_mod.clear_plan_cache()
-        plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
-                                  head_dim=D, is_causal=False, device=q.device, recipe=rec)
-        run = functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
-                                k, st, v, st, kv_perm16=True)
+    record_env(prev=a.prev)
+    for name in PRESETS:
+        run = stage_run(name, rec)
         ms, wss, prof = {}, {}, {}
         for impl in ("prev", "new", "prev", "new"):
             _use(impls[impl])
@@ -100,7 +106,7 @@ def main() -> int:
                                getattr(wss["new"], n).view(torch.uint8)) for n in WS_NAMES}
         record(part="quant", preset=name, ms=ms, per_kernel_ms=prof, bitwise_equal=same)
         _use(impls["new"])
-        del q, k, v, wss
+        del run, wss
         torch.cuda.empty_cache()
     return 0
 

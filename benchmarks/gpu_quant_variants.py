@@ -1,7 +1,7 @@
 """One H200 call: the quantization's layout knobs against the defaults, same process, same
 inputs (session 12).
 
-    python3 benchmarks/gpu_quant_variants.py [--variants base,prefetch,...] [--out FILE]
+    python3 benchmarks/gpu_quant_variants.py [--variants base,no_prefetch,...] [--out FILE]
 
 Per preset and variant: ``launch.quantize_stage`` (all its launches, as ``fp8dit.attention``
 runs them with the warp-specialized kernel's plan) timed twice, interleaved with the other
@@ -12,31 +12,24 @@ the workspace compared bitwise with the defaults' (the knobs only cut the work d
 from __future__ import annotations
 
 import argparse
-import functools
-import math
 import os
 import sys
 
 import torch
 
 from fp8dit import launch
-from fp8dit import plan as plan_mod
 from fp8dit.recipes import get_recipe
-from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_gluon import ROWS, record  # noqa: E402
-from gpu_quant_ab import PRESETS, WS_NAMES, _profile  # noqa: E402
+from gpu_gluon import record, record_env, write_rows  # noqa: E402
+from gpu_quant_ab import PRESETS, WS_NAMES, _profile, stage_run  # noqa: E402
 from gpu_quant_warps import time_ms  # noqa: E402
 
 # name -> launch attributes to set (dict entries are merged into the dicts)
 VARIANTS = {
     "base": {},
-    "prefetch0": {"KV_STATS_PREFETCH": 0},
-    "prefetch2": {"KV_STATS_PREFETCH": 2},
-    "sub4": {"KV_STATS_SUB_ELEMS": 512},
-    "prefetch2_sub4": {"KV_STATS_PREFETCH": 2, "KV_STATS_SUB_ELEMS": 512},
-    "prefetch2_sub16": {"KV_STATS_PREFETCH": 2, "KV_STATS_SUB_ELEMS": 2048},
+    "no_prefetch": {"KV_STATS_PREFETCH": False},
+    "sub16": {"KV_STATS_SUB_ELEMS": 2048},
     "q64": {"Q_QUANT_ROWS": {128: 64}},
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
     "kv32_d64": {"KV_QUANT_ROWS": {64: 32}},
@@ -75,17 +68,9 @@ def main() -> int:
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
     defaults = _defaults()
-    record(part="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-           commit=os.environ.get("FP8DIT_COMMIT", ""), defaults=defaults)
+    record_env(defaults=defaults)
     for preset in a.presets.split(","):
-        B, H, S, D = PRESETS[preset]
-        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
-        st = launch._bthd_strides(q, "HND")
-        plan_mod.clear_plan_cache()
-        plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
-                                  head_dim=D, is_causal=False, device=q.device, recipe=rec)
-        run = functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
-                                k, st, v, st, kv_perm16=True)
+        run = stage_run(preset, rec)
         ms = {n: [] for n in names}
         for _ in range(2):
             for n in names:
@@ -102,12 +87,9 @@ def main() -> int:
                    per_kernel_ms=_profile(run), bitwise_equal=same)
             del ws
         _use(defaults, "base")
-        del q, k, v, ref
+        del run, ref
         torch.cuda.empty_cache()
-    if a.out:
-        import json
-        with open(a.out, "w") as f:
-            json.dump(ROWS, f, indent=1)
+    write_rows(a.out)
     return 0
 
 

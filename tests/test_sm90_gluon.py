@@ -147,13 +147,13 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch1", "stats_prefetch2", "stats_sub", "kv_rows",
-                                  "q_rows"])
+@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
-    """The quantization's layout knobs (statistics pass prefetching its next sub-tiles; 64-row K/V
-    and 32-row Q programs) change only how the work is cut, never a byte of the workspace: varlen
-    with an empty query sequence and lengths that end mid-block, GQA, D=72, and a NaN key
-    (its block's scale NaN)."""
+    """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
+    GPU's K/V and Q program rows) change only how the work is cut, never a byte of the
+    workspace; the GPU's statistics sub-tile (the interpreter keeps a larger one) only the order
+    of the sums. Varlen with an empty query sequence and lengths that end mid-block, GQA, D=72,
+    and a NaN key (its block's scale NaN)."""
     q_lens, k_lens = [300, 0, 77], [300, 520, 77]
     D = 72
     g = torch.Generator().manual_seed(2)
@@ -175,8 +175,8 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
                                          st[1], v, st[2], kv_perm16=True)
 
     def with_knob(on):
-        if knob.startswith("stats_prefetch"):
-            monkeypatch.setattr(launch, "KV_STATS_PREFETCH", int(knob[-1]) if on else 0)
+        if knob == "stats_prefetch":
+            monkeypatch.setattr(launch, "KV_STATS_PREFETCH", on)
         elif knob == "stats_sub":  # the GPU's sub-tile against the interpreter's default
             monkeypatch.setattr(launch, "KV_STATS_SUB_ELEMS_INTERPRET",
                                 launch.KV_STATS_SUB_ELEMS if on else 2048)

@@ -150,7 +150,7 @@ KV_QUANT_ROWS: dict[int, int] = {128: 32, 64: 64}
 # Warps of the channel-statistics pass (8 measured slower in runs s8-2 and s12-2).
 KV_STATS_WARPS = 4
 # Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim), and
-# how many next sub-tiles it loads before the current one's work (``PREFETCH``). Run s12-3,
+# whether it loads the next sub-tile before the current one's work (``PREFETCH``). Run s12-3,
 # Wan 720p: 1.06 ms (16 rows, no prefetch), 0.86 (prefetch), 0.68 (8 rows and prefetch: 96
 # registers instead of 168, 48% of the DRAM bandwidth instead of 31%, ncu s12-2). Run s12-5:
 # 4-row sub-tiles 0.61 ms (CogVideoX 0.110 -> 0.104); prefetching two no better (0.606).
@@ -159,7 +159,7 @@ KV_STATS_SUB_ELEMS = 512
 # CPU test take 66 s instead of 28. The sub-tile only changes the order of the fp32 sums (the
 # means' last bits); tests/test_sm90_gluon.py runs the GPU's size against this one.
 KV_STATS_SUB_ELEMS_INTERPRET = 2048
-KV_STATS_PREFETCH = 1
+KV_STATS_PREFETCH = True
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
 # Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
 Q_QUANT_ROWS: dict[int, int] = {128: 32}

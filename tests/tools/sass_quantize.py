@@ -18,9 +18,7 @@ import inspect
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -34,18 +32,6 @@ from sm90_compile import _disassemble  # noqa: E402
 OPS = r"\b(LDL|STL|LDG\.E[.\w]*|STG\.E[.\w]*|LDS[.\w]*|STS[.\w]*|BAR[.\w]*|SHFL[.\w]*)"
 
 
-def _registers(cubin: bytes) -> int:
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name],
-                             capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
-    return int(re.search(r"REG:(\d+)", res).group(1))
-
-
 def compile_sm90(fn, types, const, warps, div16):
     params = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in const
@@ -56,7 +42,8 @@ def compile_sm90(fn, types, const, warps, div16):
                     constexprs={(params.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     sass = _disassemble(ck.asm["cubin"])
-    return sass, dict(registers=_registers(ck.asm["cubin"]), shared=ck.metadata.shared,
+    regs = int(re.search(r"REG:(\d+)", _disassemble(ck.asm["cubin"], "-res-usage")).group(1))
+    return sass, dict(registers=regs, shared=ck.metadata.shared,
                       ops=dict(collections.Counter(re.findall(OPS, sass))))
 
 

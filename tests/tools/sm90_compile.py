@@ -28,12 +28,13 @@ from triton.compiler import ASTSource
 SASS_OPS = ("IGMMA", "QGMMA", "HGMMA", "HMMA", "IMMA", "LDL", "STL", "UTMALDG")
 
 
-def _disassemble(cubin: bytes) -> str:
+def _disassemble(cubin: bytes, what: str = "-sass") -> str:
+    """cuobjdump's ``what`` page of a cubin (``-sass``, or ``-res-usage`` for registers)."""
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        return subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name],
+        return subprocess.run([os.path.join(bindir, "cuobjdump"), what, f.name],
                               capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)

@@ -90,7 +90,7 @@ def kv_channel_stats_kernel(
     v_sb, v_st, v_sh, v_sd,
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
-    PREFETCH: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -103,8 +103,9 @@ def kv_channel_stats_kernel(
     exactly (rounding is monotonic: fl(max k - m) = max fl(k - m)), so its programs need not
     span the attention kernel's 256-key blocks (``quantize_kv_kernel(KAMAX_FROM_STATS)``).
 
-    ``PREFETCH`` (0, 1 or 2): the loads of that many next sub-tiles are issued before the
-    current one's work, so each program keeps 1 + ``PREFETCH`` sub-tiles of K and V in flight.
+    ``PREFETCH``: the next sub-tile's loads are issued before the current one's work, so each
+    program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
+    better, run s12-5).
     """
     c = tl.program_id(0)
     h = tl.program_id(1)
@@ -127,11 +128,8 @@ def kv_channel_stats_kernel(
         loc = tl.arange(0, SUB)
         KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
         end = tl.minimum(k_len, t0 + CHUNK)  # the prefetch stops at the chunk's end
-        if PREFETCH > 0:
+        if PREFETCH:
             k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
-                                        offs_d, dmask, loc)
-        if PREFETCH > 1:
-            k_nx2, v_nx2 = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + SUB, end,
                                         offs_d, dmask, loc)
         for j in range(0, CHUNK, KB):
             if KBLK > 0:
@@ -140,14 +138,7 @@ def kv_channel_stats_kernel(
                 kbad = tl.zeros([SUB, DP], dtype=tl.int32)
             for i in range(j, j + KB, SUB):
                 m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
-                if PREFETCH > 1:
-                    k = k_nxt
-                    v = v_nxt
-                    k_nxt = k_nx2
-                    v_nxt = v_nx2
-                    k_nx2, v_nx2 = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
-                                                t0 + i + 2 * SUB, end, offs_d, dmask, loc)
-                elif PREFETCH > 0:
+                if PREFETCH:
                     k = k_nxt
                     v = v_nxt
                     k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
