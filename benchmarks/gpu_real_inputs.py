@@ -4,7 +4,8 @@ Run s13-1 found fp8dit's attention kernel ~3.5% slower per call inside the Wan f
 than in ``fp8dit bench`` on randn inputs of the same shape (117 ms), while cuDNN took the same
 208 ms in both. This captures the self-attention inputs of a 2-block 720p forward (seeded random
 weights, as ``bench_wan_forward.py``) and times, in rounds so drift hits every set alike: the
-captured tensors, randn of the same shape, and the two mixed (captured q with randn k/v, and the
+captured tensors, randn of the same shape (also in [B, H, S, D] memory, the bench's layout),
+and the two mixed (captured q with randn k/v, and the
 reverse), per kernel (torch.profiler). Run it under ``nvidia-smi --query-gpu=... -lms 100`` to
 see clocks and power next to the printed phase times.
 
@@ -86,6 +87,9 @@ def main(argv=None) -> int:
 
     rq, rk, rv = randn_like(q0), randn_like(k0), randn_like(v0)
     sets = {"randn": (rq, rk, rv)}
+    # fp8dit bench's layout: [B, H, S, D] memory passed as NHD views (out follows q's strides)
+    sets["randn-hnd"] = tuple(t.transpose(1, 2).contiguous().transpose(1, 2)
+                              for t in (rq, rk, rv))
     for i, (q, k, v) in enumerate(captured):
         sets[f"wan-block{i}"] = (q, k, v)
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -110,7 +114,7 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for backend, fn in (("fp8dit", fp8), ("sdpa-cudnn", cudnn)):
             for name, (q, k, v) in sets.items():
-                if backend == "sdpa-cudnn" and name not in ("randn", "wan-block0"):
+                if backend == "sdpa-cudnn" and name not in ("randn", "randn-hnd", "wan-block0"):
                     continue
                 start = time.time() - t0
                 ms = event_ms(lambda q=q, k=k, v=v, fn=fn: fn(q, k, v), 2, args.repeats)
