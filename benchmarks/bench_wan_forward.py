@@ -4,10 +4,12 @@ diffusers' ``WanTransformer3DModel`` at the A14B width (40 heads x 128, ffn 1382
 with ``--layers`` blocks and seeded random weights, on 720p 81-frame latents (16x21x90x160 ->
 75,600 tokens) or 480p. The baseline is diffusers' ``native`` backend (it calls
 ``F.scaled_dot_product_attention`` on permuted [B, H, S, D] views) inside
-``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``; fp8dit is ``fp8dit.enable(model)``. Each row:
-median and min of ``--repeats`` CUDA-event-timed forwards after ``--warmup`` untimed ones (one
-forward is far longer than any cache, so inputs are not rotated), peak memory, and the output's
-cosine and rel-L1 against the eager bf16 SDPA forward.
+``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``; fp8dit is ``fp8dit.enable(model)`` on a second
+model with the same weights. Each row: median and min of ``--repeats`` CUDA-event-timed
+forwards after ``--warmup`` untimed ones, the two backends called in turn (A B, B A, ...: the
+GPU runs at its power cap and its clock drifts as it warms; one forward is far longer than
+any cache, so inputs are not rotated), peak memory, and the output's cosine and rel-L1
+against the eager bf16 SDPA forward.
 
 ``--compile`` adds torch.compile'd rows (both backends) and counts fp8dit's graph breaks with
 ``torch._dynamo.explain``; ``--cuda-graph`` captures each forward after warm-up and replays it.
@@ -108,6 +110,28 @@ def capture(fn):
     return graph, out
 
 
+def alternate_ms(calls: dict, warmup: int, repeats: int) -> dict:
+    """{name: (median ms, min ms)} of each ``calls[name] = (row, fn)``, the backends called in
+    turn (A B, then B A, ...), each call timed alone with CUDA events. Why: the H200 runs
+    these forwards at its 700 W power cap, and its clock drifts as it warms (run s13-2); timing
+    one backend's forwards in a block and then the other's gave the second a warmer GPU."""
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name][1]()
+    torch.cuda.synchronize()
+    times = {name: [] for name in names}
+    for i in range(repeats):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            calls[name][1]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: (statistics.median(t), min(t)) for name, t in times.items()}
+
+
 def graph_breaks(model, inputs) -> tuple[int, list[str]]:
     import torch._dynamo
 
@@ -141,16 +165,16 @@ def main(argv=None) -> int:
           f"({tokens} tokens), bf16; torch {torch.__version__}, triton {triton.__version__}, "
           f"diffusers {diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
 
-    model = build_model(preset, args.layers, args.seed, device)
+    baseline = f"sdpa-{args.sdpa}"
+    names = (baseline, "fp8dit")
+    # One model per backend (same seed, so the same weights): the backends alternate call by
+    # call, and a compiled model or captured graph cannot switch its attention backend.
+    models = {name: build_model(preset, args.layers, args.seed, device) for name in names}
     inputs = forward_inputs(preset, args.seed + 1, device)
     fd.register()
-    baseline = f"sdpa-{args.sdpa}"
-
-    def set_backend(name):
-        if name == "fp8dit":
-            fd.enable(model)
-        else:
-            fd.disable(model)
+    fd.disable(models[baseline])
+    fd.enable(models["fp8dit"])
+    model_bytes = sum(p.numel() * p.element_size() for p in models[baseline].parameters())
 
     def forward(fn, name):
         def call():
@@ -162,59 +186,72 @@ def main(argv=None) -> int:
 
     modes = ["eager"] + (["compile"] if args.compile else []) + (
         ["cuda-graph"] if args.cuda_graph else [])
-    rows, ref, graph = [], None, None
+    rows, ref = [], None
     common = dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
         diffusers=diffusers.__version__, fp8dit=fp8dit.__version__,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
         heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
-        repeats=args.repeats, warmup=args.warmup,
+        repeats=args.repeats, warmup=args.warmup, timing="alternating",
     )
     with torch.no_grad():
         for mode in modes:
-            for name in (baseline, "fp8dit"):
-                set_backend(name)
+            torch._dynamo.reset()
+            if mode == "compile":  # explain() resets dynamo: before either model compiles
+                breaks = graph_breaks(models["fp8dit"], inputs)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated(device)  # both models and the inputs
+            calls, keep = {}, []
+            for name in names:
                 row = dict(common, mode=mode, backend=name)
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+                before = torch.cuda.memory_allocated(device)
                 torch.cuda.reset_peak_memory_stats(device)
                 t0 = time.perf_counter()
                 try:
+                    model = models[name]
                     if mode == "compile":
                         if name == "fp8dit":
-                            row["graph_breaks"], row["break_reasons"] = graph_breaks(model, inputs)
-                        torch._dynamo.reset()
+                            row["graph_breaks"], row["break_reasons"] = breaks
                         call = forward(torch.compile(model), name)
                         out = call()  # compiles
                     elif mode == "cuda-graph":
                         graph, out = capture(forward(model, name))
                         graph.replay()
                         call = graph.replay
+                        keep.append(graph)
                     else:
                         call = forward(model, name)
                         out = call()
                     torch.cuda.synchronize()
-                    row["setup_s"] = round(time.perf_counter() - t0, 2)
-                    row["ms_median"], row["ms_min"] = time_ms(call, args.warmup, args.repeats)
                 except Exception as e:  # a failed mode is a result, not a crash
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                     traceback.print_exc()
                     rows.append(row)
                     print(f"  {mode:10s} {name:12s} FAILED: {row['error']}", flush=True)
                     continue
-                row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                row["setup_s"] = round(time.perf_counter() - t0, 2)
+                # as if this backend's model and the inputs were alone on the GPU
+                peak = (torch.cuda.max_memory_allocated(device) - (before - base)
+                        - model_bytes)
+                row["peak_mem_gib"] = round(peak / 2**30, 2)
                 if mode == "eager" and name == baseline:
                     ref = out.detach().clone()  # eager bf16 SDPA: the reference of every row
                 if ref is not None:
                     stats = error_stats(out, ref)
-                    row.update(cos_vs_bf16=stats.cos, rel_l1_vs_bf16=stats.rel_l1, nan=stats.nan)
+                    row.update(cos_vs_bf16=stats.cos, rel_l1_vs_bf16=stats.rel_l1,
+                               nan=stats.nan)
+                calls[name] = (row, call)
+                out = None
+            timed = alternate_ms(calls, args.warmup, args.repeats)
+            for name, (row, _) in calls.items():
+                row["ms_median"], row["ms_min"] = timed[name]
                 rows.append(row)
                 print(f"  {mode:10s} {name:12s} {row['ms_median']:9.1f} ms  "
                       f"cos {row.get('cos_vs_bf16', float('nan')):.6f}  "
                       f"peak {row['peak_mem_gib']} GiB", flush=True)
-                call = out = graph = None  # frees a captured graph's memory pool
-            set_backend(baseline)
+            calls = keep = None  # frees captured graphs' memory pools
             torch._dynamo.reset()
 
     by_key = {(r["mode"], r["backend"]): r for r in rows}

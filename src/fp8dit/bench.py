@@ -96,6 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-ms", type=float, default=1500.0,
                    help="cap of the timed runs' total time per backend, in ms (default 1500; "
                         "keeps an all-preset H200 run within about 4 minutes)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timing rounds per shape (default 3): each times every backend once, "
+                        "in a rotating order, so GPU warm-up and power capping weigh on all "
+                        "alike; ms is the median of the rounds' medians")
     p.add_argument("--sets", type=int, help="input sets rotated between calls (default 3, "
                    "2 when one set is over 2 GiB)")
     p.add_argument("--family", default="normal", help="input family of fp8dit.testing "
@@ -357,6 +361,10 @@ class Row:
     kernel: str | None = None  # the attention kernel an fp8dit row ran (launch.kernel_for)
     interpreter: bool = False
     bad: bool = False  # failed, NaN or cos vs ref below MIN_COS
+    ms_rounds: list | None = None  # each timing round's median (``ms`` is their median)
+    sm_clock_mhz: float | None = None  # mean over the backend's timed rounds (nvidia-smi)
+    power_w: float | None = None
+    power_capped: float | None = None  # share of samples at the software power cap
 
 
 def _sync(device: torch.device) -> None:
@@ -378,29 +386,91 @@ def _first_line(e: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _time_gpu(fn, n_sets: int, warmup: int, repeats: int, max_ms: float, device) -> tuple:
-    """(median ms, peak memory delta in bytes of one call) with rotated input sets."""
-    import triton.testing
-
+def _first_call_gpu(fn, device) -> tuple[float, int]:
+    """(ms of one call, peak memory delta in bytes of it)."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()
-    out = fn(1 % n_sets)
+    out = fn(0)
     end.record()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
     del out
-    est = max(start.elapsed_time(end), 1e-3)
+    return max(start.elapsed_time(end), 1e-3), int(peak)
+
+
+def _time_gpu(fn, n_sets: int, warmup: int, repeats: int, max_ms: float, est: float) -> float:
+    """Median ms of ``fn`` with rotated input sets (one round of ``bench_shape``)."""
+    import triton.testing
+
     counter = itertools.count()
     rep_ms = min(est * max(repeats, 1), max_ms)
     warm_ms = min(est * max(warmup, 0), max_ms / 4)
-    ms = triton.testing.do_bench(
+    return float(triton.testing.do_bench(
         lambda: fn(next(counter) % n_sets), warmup=warm_ms, rep=rep_ms, return_mode="median"
-    )
-    return float(ms), int(peak)
+    ))
+
+
+class _GpuClocks:
+    """SM clock, board power and power-cap flag sampled by ``nvidia-smi -lms`` while a backend
+    is timed. Why: an H200 running these kernels sits at its 700 W cap (run s13-2: the FP8
+    kernel at ~1.82 GHz, cuDNN at ~1.65 GHz), so a time is only comparable with its clock next
+    to it. Without nvidia-smi every figure is None."""
+
+    QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
+    SW_POWER_CAP = 0x4
+
+    def __init__(self, device):
+        import shutil
+
+        self.proc = None
+        self.samples: list[tuple[float, float, float, int]] = []
+        exe = shutil.which("nvidia-smi")
+        if exe is None or device.type != "cuda":
+            return
+        import subprocess
+        import threading
+
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+        # UUIDs survive CUDA_VISIBLE_DEVICES's renumbering; indices do not
+        gpu_id = str(uuid) if uuid is not None else str(device.index or 0)
+        if uuid is not None and not gpu_id.startswith("GPU-"):
+            gpu_id = "GPU-" + gpu_id
+        cmd = [exe, f"--id={gpu_id}", f"--query-gpu={self.QUERY}",
+               "--format=csv,noheader,nounits", "-lms", "100"]
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                clk, watts, reasons = (x.strip() for x in line.split(","))
+                self.samples.append((time.perf_counter(), float(clk), float(watts),
+                                     int(reasons, 16)))
+            except ValueError:
+                continue
+
+    def summary(self, t0: float, t1: float) -> dict:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not inside:
+            return {}
+        n = len(inside)
+        return dict(sm_clock_mhz=round(sum(s[1] for s in inside) / n),
+                    power_w=round(sum(s[2] for s in inside) / n, 1),
+                    power_capped=round(sum(bool(s[3] & self.SW_POWER_CAP) for s in inside) / n,
+                                       2))
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
 
 
 def _time_cpu(fn, n_sets: int, warmup: int, repeats: int) -> tuple:
@@ -426,7 +496,7 @@ def _n_sets(shape: Shape, requested: int | None) -> int:
 
 
 def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed, n_sets,
-                warmup, repeats, max_ms) -> list[Row]:
+                warmup, repeats, max_ms, rounds: int = 3) -> list[Row]:
     from .testing import error_stats, make_qkv
 
     interp = device.type == "cpu"
@@ -455,7 +525,7 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
     from .recipes import get_recipe
 
     kernel = kernel_for(shape.D, shape.S, False, get_recipe(recipe), device)
-    rows = []
+    rows, ready = [], []
     for name in backends:
         row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None,
                   kernel=kernel if name in ("fp8dit", "fp8dit-kernel") else None, **common)
@@ -475,24 +545,68 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
             if interp:
                 row.ms, row.peak_mem_bytes = _time_cpu(fn, n_sets, warmup, repeats)
             else:
-                row.ms, row.peak_mem_bytes = _time_gpu(fn, n_sets, warmup, repeats, max_ms,
-                                                       device)
-            if not interp and name != "fp8dit-quant":
-                row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
+                est, row.peak_mem_bytes = _first_call_gpu(fn, device)
+                ready.append((row, fn, est))
         except Unavailable as e:
             row.error = f"unavailable: {e}"
         except torch.cuda.OutOfMemoryError as e:
             row.error, row.bad = f"out of memory: {_first_line(e, 100)}", True
         except Exception as e:  # noqa: BLE001 - one broken backend must not end the run
             row.error, row.bad = _first_line(e), True
-        finally:
+        if row.error or interp:
             _empty_cache(device)
-        status = row.error or f"{row.ms:.3f} ms"
-        _log(f"[bench]   {name:14s} {status}  ({time.perf_counter() - t0:.1f} s)")
+            status = row.error or f"{row.ms:.3f} ms"
+            _log(f"[bench]   {name:14s} {status}  ({time.perf_counter() - t0:.1f} s)")
+    if ready:
+        _time_rounds(ready, shape, n_sets, warmup, repeats, max_ms, rounds, device)
+    del ready
     _finish_rows(rows, interp)
     del case, sets, ref
     _empty_cache(device)
     return rows
+
+
+def _time_rounds(ready, shape, n_sets, warmup, repeats, max_ms, rounds, device) -> None:
+    """Times every ready (row, fn, first-call ms) in ``rounds`` rounds whose order rotates, so
+    a GPU that warms up, or sits at its power cap, weighs on every backend alike (run s13-2:
+    the FP8 kernel slowed 116 -> 119 ms over 40 s of Wan 720p calls while cuDNN held 208 ms;
+    one block per backend, in a fixed order, favoured whichever ran first). ``row.ms`` is the
+    median of the rounds' medians, each round ``repeats / rounds`` runs long."""
+    clocks = _GpuClocks(device)
+    seen: dict[str, list] = {row.backend: [] for row, _, _ in ready}
+    times: dict[str, list[float]] = {row.backend: [] for row, _, _ in ready}
+    try:
+        for r in range(rounds):
+            k = r % len(ready)
+            for row, fn, est in ready[k:] + ready[:k]:
+                t0 = time.perf_counter()
+                try:
+                    ms = _time_gpu(fn, n_sets, warmup, max(1, repeats // rounds),
+                                   max_ms / rounds, est)
+                except Exception as e:  # noqa: BLE001 - a failure in a later round
+                    row.error, row.bad = _first_line(e), True
+                    continue
+                seen[row.backend].append((t0, time.perf_counter()))
+                times[row.backend].append(ms)
+    finally:
+        clocks.close()
+    for row, _, _ in ready:
+        t = times[row.backend]
+        if row.error or not t:
+            _log(f"[bench]   {row.backend:14s} {row.error}")
+            continue
+        row.ms = statistics.median(t)
+        row.ms_rounds = [round(x, 4) for x in t]
+        spans = [clocks.summary(a, b) for a, b in seen[row.backend]]
+        spans = [x for x in spans if x]
+        if spans:
+            for key in spans[0]:
+                setattr(row, key, round(statistics.mean(x[key] for x in spans), 2))
+        if row.backend != "fp8dit-quant":
+            row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
+        clock = f", {row.sm_clock_mhz:.0f} MHz" if row.sm_clock_mhz else ""
+        _log(f"[bench]   {row.backend:14s} {row.ms:.3f} ms (rounds "
+             + " / ".join(f"{x:.3f}" for x in t) + f"{clock})")
 
 
 def _finish_rows(rows: list[Row], interp: bool) -> None:
@@ -766,7 +880,7 @@ def run(args: argparse.Namespace) -> int:
         if args.family not in FAMILIES:
             raise ValueError(f"--family: expected one of {', '.join(FAMILIES)}, "
                              f"got {args.family!r}")
-        for opt in ("repeats", "warmup", "sets"):
+        for opt in ("repeats", "warmup", "sets", "rounds"):
             val = getattr(args, opt)
             if val is not None and val < (0 if opt == "warmup" else 1):
                 raise ValueError(f"--{opt}: expected a positive number, got {val}")
@@ -799,7 +913,7 @@ def run(args: argparse.Namespace) -> int:
             rows = bench_shape(
                 shape, backends, device=device, recipe=recipe, layout=args.layout,
                 family=args.family, seed=args.seed, n_sets=_n_sets(shape, args.sets),
-                warmup=warmup, repeats=repeats, max_ms=args.max_ms,
+                warmup=warmup, repeats=repeats, max_ms=args.max_ms, rounds=args.rounds,
             )
         except Exception as e:  # noqa: BLE001 - e.g. inputs that do not fit: next shape
             _log(f"[bench] {shape.name}: {_first_line(e)}")
