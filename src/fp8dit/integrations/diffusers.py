@@ -16,10 +16,11 @@ kernels where they can run, torch SDPA otherwise, with the reason logged once by
 dispatcher. Cross-attention to short keys (Wan: 512 text tokens) runs SDPA: its effective length
 (``dispatch.effective_tokens``, ~1,000) is under the FP8 floor, and on the H200 at Wan 720p
 (75,600 queries x 512 keys x 40 heads, run s13-1) FP8 took 2.46 ms (kernel 1.65, quantizing Q
-0.50) against cuDNN's 1.56. ``fp8dit.attention(..., backend="fp8")`` still runs it FP8 (the
-kernels take any key length; the tiny-Wan test covers both). An ``attn_mask`` or a non-zero
-``dropout_p`` goes to torch SDPA (reason logged once on logger ``"fp8dit"``). ``return_lse=True``
-also returns the log-sum-exp ``[B, S, H]`` float32, the layout diffusers' ring attention merges.
+0.50) against cuDNN's 1.56. ``backend="fp8"`` still runs it FP8: the kernels take any key
+length (off CUDA there is no floor, and the tiny-Wan test runs those layers FP8). An
+``attn_mask`` or a non-zero ``dropout_p`` goes to torch SDPA (reason logged once on logger
+``"fp8dit"``). ``return_lse=True`` also returns the log-sum-exp ``[B, S, H]`` float32, the
+layout diffusers' ring attention merges.
 Context parallelism (Ulysses, ring) is declared supported, forward only: its backward raises.
 
 diffusers (0.42) has no public way to add a backend, so :func:`register` adds a member to
