@@ -49,12 +49,13 @@ def _load_prev(path):
     return mod
 
 
-def stage_run(preset, rec):
+def stage_run(preset, rec, layout="HND"):
     """``launch.quantize_stage`` as ``fp8dit.attention`` runs it with the warp-specialized
-    kernel's plan, on fresh HND inputs of ``preset`` (the strides describe the layout made)."""
+    kernel's plan, on fresh inputs of ``preset`` in ``layout`` (the strides describe the layout
+    made; NHD is what diffusers hands over)."""
     B, H, S, D = PRESETS[preset]
-    q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
-    st = launch._bthd_strides(q, "HND")
+    q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout=layout)
+    st = launch._bthd_strides(q, layout)
     plan_mod.clear_plan_cache()
     plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
                               head_dim=D, is_causal=False, device=q.device, recipe=rec)

@@ -34,6 +34,7 @@ VARIANTS = {
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
     "kv32_d64": {"KV_QUANT_ROWS": {64: 32}},
     "kv128_d64": {"KV_QUANT_ROWS": {64: 128}},
+    "blocks_first": {"QUANT_HEADS_FIRST": False},  # session 13: grids before heads-first
 }
 
 
@@ -62,15 +63,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--layout", default="HND", choices=("HND", "NHD"))
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     names = a.variants.split(",")
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
     defaults = _defaults()
-    record_env(defaults=defaults)
+    record_env(defaults=defaults, layout=a.layout)
     for preset in a.presets.split(","):
-        run = stage_run(preset, rec)
+        run = stage_run(preset, rec, a.layout)
         ms = {n: [] for n in names}
         for _ in range(2):
             for n in names:
