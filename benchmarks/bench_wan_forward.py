@@ -172,8 +172,16 @@ def main(argv=None) -> int:
     models = {name: build_model(preset, args.layers, args.seed, device) for name in names}
     inputs = forward_inputs(preset, args.seed + 1, device)
     fd.register()
-    fd.disable(models[baseline])
+    # diffusers' set_attention_backend also sets the process-wide active backend, which layers
+    # without their own follow: the baseline's layers are pinned to "native" explicitly, and
+    # checked, or both models would run fp8dit (as a first version of this script did).
+    models[baseline].set_attention_backend("native")
     fd.enable(models["fp8dit"])
+    for name, want in ((baseline, "native"), ("fp8dit", "fp8dit")):
+        got = set(fd.layer_backends(models[name]).values())
+        if got != {want}:
+            raise RuntimeError(f"the {name} model's attention layers run {sorted(got)}, "
+                               f"expected only {want!r}")
     model_bytes = sum(p.numel() * p.element_size() for p in models[baseline].parameters())
 
     def forward(fn, name):

@@ -34,7 +34,6 @@ VARIANTS = {
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
     "kv32_d64": {"KV_QUANT_ROWS": {64: 32}},
     "kv128_d64": {"KV_QUANT_ROWS": {64: 128}},
-    "blocks_first": {"QUANT_HEADS_FIRST": False},  # session 13: grids before heads-first
 }
 
 

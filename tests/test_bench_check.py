@@ -373,3 +373,15 @@ def test_cli_wires_bench_and_check(capsys):
     with pytest.raises(SystemExit):
         cli.main(["check", "--help"])
     assert "--inputs" in capsys.readouterr().out
+
+
+def test_committed_results_files_are_readable():
+    """Every committed results file loads as one JSON list of rows with the fields the README's
+    tables come from: session 12's merge had left rows after the closing bracket, which made
+    the next `fp8dit bench --out-json` on that file refuse to save (run s13-3)."""
+    files = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*.json"))
+    assert files
+    for path in files:
+        rows = bench.load_results(path)
+        assert rows and all(isinstance(r, dict) for r in rows), path
+        assert all("date" in r and "gpu" in r for r in rows), path

@@ -147,12 +147,10 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows",
-                                  "heads_first"])
+@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
-    GPU's K/V and Q program rows, grids with heads first) change only how the work is cut or
-    ordered, never a byte of the
+    GPU's K/V and Q program rows) change only how the work is cut, never a byte of the
     workspace; the GPU's statistics sub-tile (the interpreter keeps a larger one) only the order
     of the sums. Varlen with an empty query sequence and lengths that end mid-block, GQA, D=72,
     and a NaN key (its block's scale NaN)."""
@@ -184,9 +182,6 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
                                 launch.KV_STATS_SUB_ELEMS if on else 2048)
         elif knob == "kv_rows":  # the GPU's rows (32 at D=128) against 128
             monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
-        elif knob == "heads_first":  # packed varlen: heads lie closer than tokens
-            monkeypatch.setattr(launch, "QUANT_HEADS_FIRST", on)
-            assert launch._heads_first(launch._bthd_strides(k, "varlen"), 8) == on
         else:
             monkeypatch.setitem(launch.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
         return ws()

@@ -163,9 +163,6 @@ KV_STATS_PREFETCH = True
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
 # Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
 Q_QUANT_ROWS: dict[int, int] = {128: 32}
-# Quantization grids with heads first for NHD / varlen inputs (``_heads_first``; a switch for
-# measuring it, run s13-3). Bitwise the same workspace either way.
-QUANT_HEADS_FIRST = True
 # Causal calls (only when FP8DIT_KERNEL=gluon-ws names the kernel): the 256-key step's masked
 # loop spills ~40 registers at D=128 (sm_90 SASS, triton 3.6); the 128-key loop does not.
 WS_CAUSAL_TILES: dict[int, dict] = {
@@ -375,14 +372,13 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     amax = torch.empty(3, device=dev, dtype=f32)
     if tensor_scales:
         _tensor_abs_max(plan, q, q_strides, k, k_strides, v, v_strides, tabs, amax)
-    kv_first = _heads_first(k_strides, plan.max_k_blocks * k_sub * n_prog)
     if plan.n_chunks:
-        kv_channel_stats_kernel[_grid(plan.n_chunks, Hkv, B, kv_first)](
+        kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             kblk, plan.n_kblocks,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
-            KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH, HEADS_FIRST=kv_first,
+            KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
             num_warps=KV_STATS_WARPS,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
@@ -392,44 +388,27 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
         rows = qbn // n_prog
-        quantize_kv_kernel[_grid(plan.max_k_blocks * k_sub * n_prog, Hkv, B, kv_first)](
+        quantize_kv_kernel[(plan.max_k_blocks * k_sub * n_prog, Hkv, B)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
             rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=rows, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            HEADS_FIRST=kv_first, num_warps=_tile_warps(rows, Dp),
+            num_warps=_tile_warps(rows, Dp),
         )
     if plan.max_q_blocks:
         q_rows = Q_QUANT_ROWS.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
-        q_first = _heads_first(q_strides, plan.max_q_blocks * q_sub)
-        quantize_q_kernel[_grid(plan.max_q_blocks * q_sub, H, B, q_first)](
+        quantize_q_kernel[(plan.max_q_blocks * q_sub, H, B)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, HEADS_FIRST=q_first, num_warps=_tile_warps(BM // q_sub, Dp),
+            SUBBLOCKS=q_sub, num_warps=_tile_warps(BM // q_sub, Dp),
         )
     return ws
-
-
-# Grid dimensions 1 and 2 hold at most 65535 programs (CUDA).
-_GRID_YZ_MAX = 65535
-
-
-def _heads_first(strides, n_blocks: int) -> bool:
-    """Whether the quantization grids put heads first (``quantize._block_head_batch``): when a
-    token's heads lie closer together than its tokens (NHD, packed varlen) and the token blocks
-    fit in the grid's second dimension."""
-    _, st, sh, _ = strides
-    return (QUANT_HEADS_FIRST and sh < st and n_blocks <= _GRID_YZ_MAX)
-
-
-def _grid(n_blocks: int, heads: int, batch: int, heads_first: bool) -> tuple[int, int, int]:
-    return (heads, n_blocks, batch) if heads_first else (n_blocks, heads, batch)
 
 
 def _tensor_abs_max(plan: Plan, q, q_strides, k, k_strides, v, v_strides, tabs, amax) -> None:

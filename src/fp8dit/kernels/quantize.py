@@ -70,25 +70,6 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
 
 
 @triton.jit
-def _block_head_batch(HEADS_FIRST: tl.constexpr):
-    """(token block, head, batch, heads) of this program. ``HEADS_FIRST``: the grid is
-    (heads, blocks, batch), so programs launched together cover all heads of neighbouring
-    tokens. Why: with NHD inputs (diffusers') one head of a token is 256 contiguous bytes
-    at D=128, 10 KB from the next token's at 40 heads; the blocks-first order read one head's
-    256 bytes of every token before the next head's, and the quantization took 2.25 ms per Wan
-    720p call in the forward against 1.87 on HND inputs (run s13-1)."""
-    if HEADS_FIRST:
-        blk = tl.program_id(1)
-        h = tl.program_id(0)
-        n_heads = tl.num_programs(0)
-    else:
-        blk = tl.program_id(0)
-        h = tl.program_id(1)
-        n_heads = tl.num_programs(1)
-    return blk, h, tl.program_id(2), n_heads
-
-
-@triton.jit
 def _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t, end, offs_d, dmask, loc):
     """K and V's rows [t, t + len(loc)) of one head (masked at ``end``), in their dtype."""
     # 64-bit scalar base, 32-bit offsets within the tile: per-element 64-bit addresses cost
@@ -109,7 +90,7 @@ def kv_channel_stats_kernel(
     v_sb, v_st, v_sh, v_sd,
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
-    PREFETCH: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -124,9 +105,12 @@ def kv_channel_stats_kernel(
 
     ``PREFETCH``: the next sub-tile's loads are issued before the current one's work, so each
     program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
-    better, run s12-5). ``HEADS_FIRST``: see :func:`_block_head_batch`.
+    better, run s12-5).
     """
-    c, h, b, Hkv = _block_head_batch(HEADS_FIRST)
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    Hkv = tl.num_programs(1)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     t0 = c * CHUNK
@@ -266,7 +250,7 @@ def quantize_kv_kernel(
     SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
+    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -287,7 +271,10 @@ def quantize_kv_kernel(
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    blk, h, b, Hkv = _block_head_batch(HEADS_FIRST)
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    Hkv = tl.num_programs(1)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     # a multiple of the plan's kv block: said so, or the V^T store along tokens, whose base
@@ -395,7 +382,6 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    HEADS_FIRST: tl.constexpr = False,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
 
@@ -408,7 +394,10 @@ def quantize_q_kernel(
     ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    blk, h, b, H = _block_head_batch(HEADS_FIRST)
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    H = tl.num_programs(1)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
