@@ -385,3 +385,42 @@ def test_committed_results_files_are_readable():
         rows = bench.load_results(path)
         assert rows and all(isinstance(r, dict) for r in rows), path
         assert all("date" in r and "gpu" in r for r in rows), path
+
+
+def test_gpu_clocks_sampler_reads_nvidia_smi(tmp_path, monkeypatch):
+    """`fp8dit bench` records each backend's SM clock, power and power-cap share from
+    `nvidia-smi -lms` (the H200 runs these kernels at its power cap, NOTES session 13): the
+    device is named by UUID, fields the GPU does not report ("[N/A]") are left out, not taken
+    as zero, and a window without samples gives nothing."""
+    import time
+    import types
+
+    args_file = tmp_path / "args"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$@\" > {args_file}\n"
+        "for i in 1 2 3; do\n"
+        "  echo '1830, 690.5, 0x0000000000000004'\n"
+        "  echo '1980, [N/A], 0x0000000000000000'\n"
+        "  echo 'garbage line'\n"
+        "done\n"
+        "sleep 30\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(uuid="1234-abcd"))
+    t0 = time.perf_counter()
+    clocks = bench._GpuClocks(types.SimpleNamespace(type="cuda", index=0))
+    try:
+        deadline = time.time() + 10
+        while len(clocks.samples) < 6 and time.time() < deadline:
+            time.sleep(0.02)
+        got = clocks.summary(t0, time.perf_counter())
+    finally:
+        clocks.close()
+    assert "--id=GPU-1234-abcd" in args_file.read_text()
+    assert got == {"sm_clock_mhz": 1905.0, "power_w": 690.5, "power_capped": 0.5}
+    assert clocks.summary(t0 - 10, t0 - 5) == {}
+    assert bench._GpuClocks(types.SimpleNamespace(type="cpu", index=None)).samples == []

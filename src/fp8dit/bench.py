@@ -450,27 +450,37 @@ class _GpuClocks:
 
     def _read(self):
         for line in self.proc.stdout:
-            try:
-                clk, watts, reasons = (x.strip() for x in line.split(","))
-                self.samples.append((time.perf_counter(), float(clk), float(watts),
-                                     int(reasons, 16)))
-            except ValueError:
+            fields = [x.strip() for x in line.split(",")]
+            if len(fields) != 3:
                 continue
+            # a field the GPU does not report reads "[N/A]" (or "[Not Supported]"): None
+            clk, watts, reasons = (_number(x, base) for x, base in zip(fields, (10, 10, 16)))
+            self.samples.append((time.perf_counter(), clk, watts, reasons))
 
     def summary(self, t0: float, t1: float) -> dict:
+        """Means over the samples taken between perf_counter times ``t0`` and ``t1`` (keys
+        only for fields that were reported)."""
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
-        if not inside:
-            return {}
-        n = len(inside)
-        return dict(sm_clock_mhz=round(sum(s[1] for s in inside) / n),
-                    power_w=round(sum(s[2] for s in inside) / n, 1),
-                    power_capped=round(sum(bool(s[3] & self.SW_POWER_CAP) for s in inside) / n,
-                                       2))
+        out = {}
+        for i, key, digits in ((1, "sm_clock_mhz", 0), (2, "power_w", 1), (3, "power_capped", 2)):
+            vals = [s[i] for s in inside if s[i] is not None]
+            if i == 3:
+                vals = [float(bool(int(v) & self.SW_POWER_CAP)) for v in vals]
+            if vals:
+                out[key] = round(sum(vals) / len(vals), digits)
+        return out
 
     def close(self):
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
+
+
+def _number(text: str, base: int) -> float | None:
+    try:
+        return float(int(text, 16)) if base == 16 else float(text)
+    except ValueError:
+        return None
 
 
 def _time_cpu(fn, n_sets: int, warmup: int, repeats: int) -> tuple:
@@ -599,9 +609,10 @@ def _time_rounds(ready, shape, n_sets, warmup, repeats, max_ms, rounds, device) 
         row.ms_rounds = [round(x, 4) for x in t]
         spans = [clocks.summary(a, b) for a, b in seen[row.backend]]
         spans = [x for x in spans if x]
-        if spans:
-            for key in spans[0]:
-                setattr(row, key, round(statistics.mean(x[key] for x in spans), 2))
+        for key in ("sm_clock_mhz", "power_w", "power_capped"):
+            vals = [x[key] for x in spans if key in x]
+            if vals:
+                setattr(row, key, round(statistics.mean(vals), 2))
         if row.backend != "fp8dit-quant":
             row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
         clock = f", {row.sm_clock_mhz:.0f} MHz" if row.sm_clock_mhz else ""
