@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import sys
+import time
 
 import torch
 import triton
@@ -176,18 +177,22 @@ def part_speed(names=None, variants=None, sequence=("gluon-ws", "triton", "gluon
         sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
         nxt = rotated(sets)
         est = 4 * B * H * S * S * D / 700e12 * 1e3
+        t0 = time.time()
         cud = bench(cudnn_fn(nxt), est)
         record(part="speed", preset=name, backend="sdpa-cudnn", ms=cud,
-               tflops=tflops(B, H, S, D, cud))
+               tflops=tflops(B, H, S, D, cud), t0=t0, t1=time.time())
         for kname in sequence:
             variants[kname]()
             run = fp8_fn(nxt, None)
             try:
                 run()
                 torch.cuda.synchronize()
+                t0 = time.time()
                 ms = bench(run, est)
+                # wall-clock window: power and clocks from an nvidia-smi log can be matched
                 record(part="speed", preset=name, backend=f"fp8dit[{kname}]", ms=ms,
-                       tflops=tflops(B, H, S, D, ms), vs_cudnn=cud / ms)
+                       tflops=tflops(B, H, S, D, ms), vs_cudnn=cud / ms, t0=t0,
+                       t1=time.time())
             except Exception as e:  # noqa: BLE001
                 record(part="speed", preset=name, backend=f"fp8dit[{kname}]",
                        error=f"{type(e).__name__}: {e}"[:400])
