@@ -424,3 +424,17 @@ def test_gpu_clocks_sampler_reads_nvidia_smi(tmp_path, monkeypatch):
     assert got == {"sm_clock_mhz": 1905.0, "power_w": 690.5, "power_capped": 0.5}
     assert clocks.summary(t0 - 10, t0 - 5) == {}
     assert bench._GpuClocks(types.SimpleNamespace(type="cpu", index=None)).samples == []
+
+
+def test_table_shows_the_clock_only_when_measured():
+    base = dict(preset="p", backend="fp8dit", ms=1.0, tflops=2.0, speedup_vs_cudnn=1.5,
+                peak_mem_bytes=0, cos_vs_ref=0.9999)
+    plain = bench.format_table([base])
+    assert "MHz" not in plain.splitlines()[0]
+    rows = [dict(base, sm_clock_mhz=1843.3, power_capped=0.9),
+            dict(base, backend="sageattn", sm_clock_mhz=1978.0, power_capped=0.0),
+            dict(base, backend="sdpa-flash")]
+    lines = bench.format_table(rows).splitlines()
+    assert "MHz" in lines[0]
+    assert "1843 cap" in lines[2] and "1978" in lines[3] and "cap" not in lines[3]
+    assert lines[4].split()[-1] == "-"  # a row without samples

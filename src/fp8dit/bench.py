@@ -661,18 +661,27 @@ def format_table(rows: list[dict]) -> str:
     def f(v, spec):
         return "-" if v is None else format(v, spec)
 
-    header = ("preset", "backend", "ms", "TFLOPS", "vs cuDNN", "peak mem", "cos vs ref", "note")
+    # The SM clock (and whether the power cap held it down) next to the time: at the cap, a
+    # time is only comparable with the clock it ran at. Only when a row has one (GPU runs).
+    clocks = any(r.get("sm_clock_mhz") is not None for r in rows)
+    header = ("preset", "backend", "ms", "TFLOPS", "vs cuDNN", "peak mem", "cos vs ref",
+              *(("MHz",) if clocks else ()), "note")
     lines = []
     for r in rows:
         note = r.get("error") or r.get("note") or ""
+        clock = ()
+        if clocks:
+            mhz = r.get("sm_clock_mhz")
+            capped = (r.get("power_capped") or 0) >= 0.5
+            clock = ("-" if mhz is None else f"{mhz:.0f}" + (" cap" if capped else ""),)
         lines.append((
             r["preset"], r["backend"], f(r.get("ms"), ".3f"), f(r.get("tflops"), ".1f"),
             "-" if r.get("speedup_vs_cudnn") is None else f"{r['speedup_vs_cudnn']:.2f}x",
-            _fmt_bytes(r.get("peak_mem_bytes")), f(r.get("cos_vs_ref"), ".5f"), note,
+            _fmt_bytes(r.get("peak_mem_bytes")), f(r.get("cos_vs_ref"), ".5f"), *clock, note,
         ))
     widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h)
               for i, h in enumerate(header)]
-    right = {2, 3, 4, 5, 6}
+    right = set(range(2, len(header) - 1))
 
     def fmt(cells):
         return "  ".join(
