@@ -526,12 +526,24 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             **_register_cap(cfg),
         )
     if plan.n_reduce:
-        merge_partials_kernel[(plan.n_reduce,)](
+        rows = _merge_rows(BM)
+        merge_partials_kernel[(plan.n_reduce, BM // rows)](
             ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
             out, *out_strides, lse, *lse_strides, D,
-            DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(),
-            num_warps=_tile_warps(BM, Dp),
+            DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(), ROWS=rows,
+            num_warps=_tile_warps(rows, Dp),
         )
+
+
+# Most rows per split-KV merge program (a power of two). Every tile the plans make today (64
+# or 128 rows) is merged whole, as before; a tile that is no power of two (three 64-row
+# warpgroups: 192) in pieces of the largest power of two dividing it.
+MERGE_ROWS_MAX = 128
+
+
+def _merge_rows(block_m: int) -> int:
+    rows = min(block_m & -block_m, MERGE_ROWS_MAX)  # largest power of two dividing block_m
+    return max(rows, 1)
 
 
 def _register_cap(cfg: dict) -> dict:
