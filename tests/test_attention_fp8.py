@@ -204,10 +204,46 @@ def test_split_kv_merge_in_row_pieces_is_bitwise_the_same(device, monkeypatch):
     def run():
         return fp8dit.attention(q, k, v, backend="fp8", return_lse=True, num_splits=3)
 
-    assert launch._merge_rows(64) == 64 and launch._merge_rows(192) == 64
+    assert launch._pow2_piece(64, launch.MERGE_ROWS_MAX) == 64
+    assert launch._pow2_piece(192, launch.MERGE_ROWS_MAX) == 64
     whole = run()
     monkeypatch.setattr(launch, "MERGE_ROWS_MAX", 16)
-    assert launch._merge_rows(64) == 16
+    assert launch._pow2_piece(64, launch.MERGE_ROWS_MAX) == 16
     pieces = run()
     for a, b in zip(whole, pieces):
         assert torch.equal(a, b)
+
+
+def test_three_warpgroup_tiles_quantize_like_two_and_refuse_the_triton_kernel(monkeypatch):
+    """A 192-row plan tile (``sm90_consumers=3``, the warp-specialized kernel's untested
+    three-warpgroup variant) quantizes Q in power-of-two programs: the same bytes and scales
+    as a 64-row plan's for every real row, zeros in the padding; K and V are untouched by the
+    tile. The Triton kernel, which needs power-of-two tiles, refuses such a plan by name."""
+    from fp8dit import launch
+    from fp8dit.plan import clear_plan_cache
+    from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
+
+    q, k, v = make_qkv(1, 2, 300, 64, device="cpu", seed=4)
+    st = launch._bthd_strides(q, "NHD")
+    rec = get_recipe(DEFAULT_RECIPE)
+
+    def stage():
+        clear_plan_cache()
+        plan, cfg = launch.plan_for([300], [300], varlen=False, num_heads=2, num_kv_heads=2,
+                                    head_dim=64, is_causal=False, device=q.device, recipe=rec)
+        return plan, cfg, launch.quantize_stage(plan, rec, 0.125, q, st, k, st, v, st)
+
+    plan64, _, ws64 = stage()
+    monkeypatch.setitem(launch.TILE_OVERRIDES, 64, dict(sm90_consumers=3))
+    plan192, cfg, ws192 = stage()
+    assert plan64.key.block_m == 64 and plan192.key.block_m == 192
+    for name in ("q8", "q_scale", "q_corr"):
+        a, b = getattr(ws64, name)[:, :300], getattr(ws192, name)[:, :300]
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    assert not ws192.q8[:, 300:384].view(torch.uint8).any()
+    for name in ("k8", "k_scale", "v8t", "v_scale", "v_mean"):
+        a, b = getattr(ws64, name), getattr(ws192, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    with pytest.raises(ValueError, match="power-of-two query tiles; this plan's are 192 rows"):
+        fp8dit.attention(q, k, v, backend="fp8")
+    clear_plan_cache()
