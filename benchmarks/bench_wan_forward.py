@@ -77,6 +77,16 @@ def sdpa_context(name: str):
     return sdpa_kernel(kernel)
 
 
+def event_ms(fn) -> float:
+    """One call of ``fn`` timed with CUDA events (waits for it)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_ms(fn, warmup: int, repeats: int, before_each=None) -> tuple[float, float]:
     """Median and min of CUDA-event times of ``fn``; ``before_each`` runs untimed before each
     timed call (the context-parallel benchmark lines its ranks up there)."""
@@ -87,12 +97,7 @@ def time_ms(fn, warmup: int, repeats: int, before_each=None) -> tuple[float, flo
     for _ in range(repeats):
         if before_each is not None:
             before_each()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(event_ms(fn))
     return statistics.median(times), min(times)
 
 
@@ -123,12 +128,7 @@ def alternate_ms(calls: dict, warmup: int, repeats: int) -> dict:
     times = {name: [] for name in names}
     for i in range(repeats):
         for name in (names if i % 2 == 0 else names[::-1]):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            calls[name][1]()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
+            times[name].append(event_ms(calls[name][1]))
     return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
 

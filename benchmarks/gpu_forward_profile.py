@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import statistics
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_wan_forward import forward_inputs, sdpa_context  # noqa: E402
+from bench_wan_forward import forward_inputs, sdpa_context, time_ms  # noqa: E402
 from gpu_gluon import ROWS, record_env, write_rows  # noqa: E402
 
 
@@ -38,21 +37,6 @@ def kernel_times(fn, n: int) -> tuple[dict, float]:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             per[ev.name] += ev.device_time / 1e3 / n
     return dict(per), sum(per.values())
-
-
-def event_ms(fn, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def group(name: str) -> str:
@@ -87,7 +71,7 @@ def profile_forward(mode: str, layers: int, repeats: int) -> list[dict]:
                 return fn(**inputs, return_dict=False)[0]
 
         with torch.no_grad():
-            ms = event_ms(call, 2, repeats)
+            ms = time_ms(call, 2, repeats)[0]
             per, total = kernel_times(call, 2)
         groups = collections.Counter()
         for k, v in per.items():
@@ -136,7 +120,7 @@ def cross_attention(repeats: int) -> list[dict]:
     ref = None
     for kind in ("sdpa-cudnn", "fp8", "auto"):
         fn = runner(kind)
-        ms = event_ms(fn, 3, repeats)
+        ms = time_ms(fn, 3, repeats)[0]
         per, total = kernel_times(fn, 3)
         it[0] = 0
         out = fn()

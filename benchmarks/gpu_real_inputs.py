@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_wan_forward import forward_inputs, sdpa_context  # noqa: E402
-from gpu_forward_profile import event_ms, kernel_times  # noqa: E402
+from bench_wan_forward import forward_inputs, sdpa_context, time_ms  # noqa: E402
+from gpu_forward_profile import kernel_times  # noqa: E402
 from gpu_gluon import record, record_env, write_rows  # noqa: E402
 
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                 if backend == "sdpa-cudnn" and name not in ("randn", "randn-hnd", "wan-block0"):
                     continue
                 start = time.time() - t0
-                ms = event_ms(lambda q=q, k=k, v=v, fn=fn: fn(q, k, v), 2, args.repeats)
+                ms = time_ms(lambda q=q, k=k, v=v, fn=fn: fn(q, k, v), 2, args.repeats)[0]
                 per, _ = kernel_times(lambda q=q, k=k, v=v, fn=fn: fn(q, k, v), 2)
                 attn = sum(t for kname, t in per.items()
                            if "attention_fwd" in kname or "sdpa" in kname)

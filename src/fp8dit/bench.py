@@ -34,9 +34,11 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -424,16 +426,12 @@ class _GpuClocks:
     SW_POWER_CAP = 0x4
 
     def __init__(self, device):
-        import shutil
-
         self.proc = None
-        self.samples: list[tuple[float, float, float, int]] = []
+        # (perf_counter time, MHz, W, event-reason bits), None where not reported
+        self.samples: list[tuple[float, float | None, float | None, float | None]] = []
         exe = shutil.which("nvidia-smi")
         if exe is None or device.type != "cuda":
             return
-        import subprocess
-        import threading
-
         uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
         # UUIDs survive CUDA_VISIBLE_DEVICES's renumbering; indices do not
         gpu_id = str(uuid) if uuid is not None else str(device.index or 0)

@@ -309,9 +309,9 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
         return None
     # the warp-specialized kernel's item: one 64-row tile per consumer warpgroup (2, or 3
     # with the untested ``sm90_consumers=3`` tile config: 192 rows)
-    block_m = (128, 192) if kernel == "gluon-ws" else (64,)
+    block_ms = (128, 192) if kernel == "gluon-ws" else (64,)
     block_ns = (128, 256) if kernel == "gluon-ws" else (128,)
-    if (plan.head_dim_padded not in (64, 128) or key.block_m not in block_m
+    if (plan.head_dim_padded not in (64, 128) or key.block_m not in block_ms
             or key.block_n not in block_ns):
         return None
     if torch.cuda.get_device_capability(device) != (9, 0):

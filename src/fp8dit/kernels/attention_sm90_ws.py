@@ -563,6 +563,9 @@ def attention_fwd_sm90_ws_kernel(
     mbarrier.init(q_full, count=1)
     mbarrier.init(q_empty, count=CONSUMERS)
 
+    # The partitions' argument tuples are written out: building them once and prepending the
+    # warpgroup index, `(0,) + args`, does not compile in Gluon (triton 3.6), nor does a
+    # (function, args) pair held in a variable.
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
