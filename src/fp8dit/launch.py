@@ -201,8 +201,6 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None =
     if recipe is not None and recipe.qk_terms == 2 and head_dim_padded <= 128:
         cfg.update(TWO_TERM_TILES)
     cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
-    if "sm90_consumers" in cfg:  # the warp-specialized kernel: 64 query rows per consumer
-        cfg["block_m"] = 64 * cfg["sm90_consumers"]
     if device.type == "cuda":
         cfg["num_programs"] = _sm_count(device.index or 0) * cfg["programs_per_sm"]
     else:
@@ -307,11 +305,9 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
         return None
     if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
         return None
-    # the warp-specialized kernel's item: one 64-row tile per consumer warpgroup (2, or 3
-    # with the untested ``sm90_consumers=3`` tile config: 192 rows)
-    block_ms = (128, 192) if kernel == "gluon-ws" else (64,)
+    block_m = 128 if kernel == "gluon-ws" else 64
     block_ns = (128, 256) if kernel == "gluon-ws" else (128,)
-    if (plan.head_dim_padded not in (64, 128) or key.block_m not in block_ms
+    if (plan.head_dim_padded not in (64, 128) or key.block_m != block_m
             or key.block_n not in block_ns):
         return None
     if torch.cuda.get_device_capability(device) != (9, 0):
@@ -402,8 +398,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             num_warps=_tile_warps(rows, Dp),
         )
     if plan.max_q_blocks:
-        # rows per program: a power of two (a 192-row tile of three warpgroups: 64)
-        q_rows = Q_QUANT_ROWS.get(Dp) or _pow2_piece(BM, BM)
+        q_rows = Q_QUANT_ROWS.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
         quantize_q_kernel[(plan.max_q_blocks * q_sub, H, B)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
@@ -458,8 +453,7 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
 
     # One query tile's rows per program; the warp-specialized kernel's plan tile (128 rows)
     # is split between its two consumer warpgroups.
-    consumers = BM // 64 if ws_kernel else 1
-    rows = BM // consumers
+    rows = BM // 2 if ws_kernel else BM
     # K and V^T tiles of at most 128 keys (one dot each; a 256-key kv block loads two).
     sub_n = min(BN, 128)
     args = (
@@ -493,9 +487,6 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # ones (off: FADDs and a row reduction)
             ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
                             and cfg.get("sm90_p_regs", False)),
-            # consumer warpgroups of 64 rows: 2, or 3 (a 192-row plan tile, block_m from the
-            # tile config's sm90_consumers; compiled for sm_90 only, never run: NOTES s13)
-            CONSUMERS=consumers,
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
@@ -511,10 +502,6 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
     if plan.n_work and sm90:
         _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides, sm90)
     elif plan.n_work:
-        if BM & (BM - 1):
-            raise ValueError(f"the Triton kernel takes power-of-two query tiles; this plan's are "
-                             f"{BM} rows (sm90_consumers={BM // 64}), which only the "
-                             f"warp-specialized Gluon kernel on an sm_90 GPU runs")
         if ws.k_sub != 1:
             raise ValueError(f"the Triton kernel reads one K scale per kv block of {BN} keys; "
                              f"this workspace has {ws.k_sub} (K_SCALE_KEYS={K_SCALE_KEYS})")
@@ -539,25 +526,12 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             **_register_cap(cfg),
         )
     if plan.n_reduce:
-        rows = _pow2_piece(BM, MERGE_ROWS_MAX)
-        merge_partials_kernel[(plan.n_reduce, BM // rows)](
+        merge_partials_kernel[(plan.n_reduce,)](
             ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
             out, *out_strides, lse, *lse_strides, D,
-            DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(), ROWS=rows,
-            num_warps=_tile_warps(rows, Dp),
+            DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(),
+            num_warps=_tile_warps(BM, Dp),
         )
-
-
-# Most rows per split-KV merge program (a power of two). Every tile the plans make today (64
-# or 128 rows) is merged whole, as before; a tile that is no power of two (three 64-row
-# warpgroups: 192) in pieces of the largest power of two dividing it.
-MERGE_ROWS_MAX = 128
-
-
-def _pow2_piece(block_m: int, cap: int) -> int:
-    """The largest power of two dividing ``block_m``, at most ``cap``: rows per program of a
-    kernel that cuts a plan tile into pieces (``tl.arange`` takes powers of two only)."""
-    return max(min(block_m & -block_m, cap), 1)
 
 
 def _register_cap(cfg: dict) -> dict:

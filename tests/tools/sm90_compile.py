@@ -2,7 +2,6 @@
 
     python tests/tools/sm90_compile.py launches.json
     python tests/tools/sm90_compile.py --gluon          # the Gluon sm_90 attention kernel
-    python tests/tools/sm90_compile.py --gluon-three    # its three-consumer D=64 variant
 
 Reads launches recorded by tests/test_sm90_compile.py (argument types, constexprs, warps,
 stages), compiles each kernel with Triton's own compiler for an H100/H200 target, disassembles
@@ -102,7 +101,7 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=block_n, IS_CAUSAL=causal, STAGES=stages,
                  num_warps=4)
     if ws:
-        const.update({"CONSUMER_REGS": 240, "TWO_LEVEL": True, **(extra or {})})
+        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, **(extra or {}))
     params = inspect.signature(kernel.fn).parameters
     # Constexpr knobs with a default (ablations, PINGPONG) compile at that default: left out of
     # ``const`` they would become runtime arguments, and the SASS would be another kernel's.
@@ -135,16 +134,6 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
 
 
 def main(path: str) -> int:
-    if path == "--gluon-three":
-        # the untested three-consumer variant at D=64 (benchmarks/gpu_three_consumers.py)
-        try:
-            rep = dict(ok=True, **gluon_attention_report(
-                64, False, True, extra={"CONSUMERS": 3, "CONSUMER_REGS": 168}, block_n=128,
-                stages=3))
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            rep = dict(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-        print(json.dumps(rep), flush=True)
-        return 0
     if path == "--gluon":
         # (warp-specialized, kv block): the one-warpgroup kernel, the ws kernel's 128-key
         # loop, and its 256-key steps, non-causal only as launch.WS_TILES/WS_CAUSAL_TILES

@@ -63,7 +63,7 @@ from .attention_sm90 import (
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
               q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+              STAGES: gl.constexpr):
     SUB_N: gl.constexpr = desc_k.block_type.shape[0]
     HALVES: gl.constexpr = BLOCK_N // SUB_N
     pid = gl.program_id(0)
@@ -74,14 +74,14 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
     for w in range(w_begin, w_end):
         (b, h, qt, kv_lo, kv_hi, _slot, hk, _q_len, _k_len, _q_src, q_pad, k_pad,
          _k_blk) = _load_item(work_ptr, seq_ptr, w, group)
-        q_row = h * Tq_pad + q_pad + qt * (CONSUMERS * BLOCK_M)
+        q_row = h * Tq_pad + q_pad + qt * (2 * BLOCK_M)
         k_row0 = hk * Tk_pad + k_pad
         v_row = hk * DP
-        # Every warpgroup released the previous item's Q (a fresh barrier passes parity 1).
+        # Both warpgroups released the previous item's Q (a fresh barrier passes parity 1).
         mbarrier.wait(q_empty, (it & 1) ^ 1)
-        mbarrier.expect(q_full, CONSUMERS * desc_q.block_type.nbytes)
-        for i in gl.static_range(CONSUMERS):
-            _tma_load(desc_q, [q_row + i * BLOCK_M, 0], q_full, q_smem.index(i))
+        mbarrier.expect(q_full, 2 * desc_q.block_type.nbytes)
+        _tma_load(desc_q, [q_row, 0], q_full, q_smem.index(0))
+        _tma_load(desc_q, [q_row + BLOCK_M, 0], q_full, q_smem.index(1))
         for kb in range(kv_lo, kv_hi):
             slot = cnt % STAGES
             mbarrier.wait(kv_empty.index(slot), ((cnt // STAGES) & 1) ^ 1)
@@ -319,8 +319,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr, ROWSUM_DOT: gl.constexpr,
-              CONSUMERS: gl.constexpr = 2):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr, ROWSUM_DOT: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -392,14 +391,14 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     for w in range(w_begin, w_end):
         (b, h, qt, kv_lo, kv_hi, slot_out, hk, q_len, k_len, q_src, q_pad, _k_pad,
          k_blk) = _load_item(work_ptr, seq_ptr, w, group)
-        row0 = qt * (CONSUMERS * BLOCK_M) + wg * BLOCK_M
+        row0 = qt * (2 * BLOCK_M) + wg * BLOCK_M
         q_row = h * Tq_pad + q_pad + row0
         # K_SUB K scales per kv block (``n_kblocks`` counts scales)
         ks_base = k_scale_ptr + hk * n_kblocks + k_blk * K_SUB
         hi_fast = k_len // BLOCK_N
         if IS_CAUSAL:
-            # the whole item shares one kv range: mask from the first row of the item
-            hi_fast = gl.minimum(hi_fast, (qt * (CONSUMERS * BLOCK_M) + 1) // BLOCK_N)
+            # the whole 128-row item shares one kv range: mask from the first row of the item
+            hi_fast = gl.minimum(hi_fast, (qt * (2 * BLOCK_M) + 1) // BLOCK_N)
         q_scale = gl.load(q_scale_ptr + q_row + offs_m)
         rows = row0 + offs_m
         mbarrier.wait(q_full, it & 1)
@@ -437,9 +436,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
             mbarrier.arrive(q_empty)
         it += 1
 
-        # partial slots hold CONSUMERS * BLOCK_M rows: this warpgroup's part
+        # partial slots hold 2 * BLOCK_M rows: this warpgroup's half
         _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out,
-                    slot_out.to(gl.int64) * (CONSUMERS * BLOCK_M) + wg * BLOCK_M,
+                    slot_out.to(gl.int64) * (2 * BLOCK_M) + wg * BLOCK_M,
                     v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
                     lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
                     offs_m, offs_mo, offs_d, DP, row_o)
@@ -533,16 +532,10 @@ def attention_fwd_sm90_ws_kernel(
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
     P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False,
-    CONSUMERS: gl.constexpr = 2,
 ):
-    """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has ``CONSUMERS`` *
-    BLOCK_M rows, one consumer warpgroup per 64 (2, or 3: more warps to hide the softmax's
-    latency at D=64, where the loop is not power-capped; each then gets at most
-    (65536 - 32 * 24) / 384 = 168 registers, so 128-key steps, not measured yet)."""
+    """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
-    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG),
-                     "two consumer warpgroups, or three without ping-pong turns")
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS, BLOCK_M, DP], desc_q.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, DP], desc_q.layout)
     # K and V^T tiles of SUB_N (128) keys, one per dot: BLOCK_N // SUB_N per ring slot.
     SUB_N: gl.constexpr = desc_k.block_type.shape[0]
     HALVES: gl.constexpr = BLOCK_N // SUB_N
@@ -557,59 +550,31 @@ def attention_fwd_sm90_ws_kernel(
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_full.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=CONSUMERS)
+        mbarrier.init(kv_empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     mbarrier.init(q_full, count=1)
-    mbarrier.init(q_empty, count=CONSUMERS)
+    mbarrier.init(q_empty, count=2)
 
     # The partitions' argument tuples are written out: building them once and prepending the
     # warpgroup index, `(0,) + args`, does not compile in Gluon (triton 3.6), nor does a
     # (function, args) pair held in a variable.
-    if CONSUMERS == 3:
-        gl.warp_specialize([
-            (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
-                         q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
-                         seq_ptr, work_ptr, work_indptr_ptr,
-                         out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
-                         part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                         DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                         ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, CONSUMERS)),
-            (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
-                         q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
-                         seq_ptr, work_ptr, work_indptr_ptr,
-                         out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
-                         part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                         DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                         ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, CONSUMERS)),
-            (_consumer, (2, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
-                         q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
-                         seq_ptr, work_ptr, work_indptr_ptr,
-                         out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
-                         part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                         DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                         ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, CONSUMERS)),
-            (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
-                         q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
-                         DP, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
-    else:
-        gl.warp_specialize([
-            (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
-                         q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
-                         seq_ptr, work_ptr, work_indptr_ptr,
-                         out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
-                         part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                         DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                         ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, CONSUMERS)),
-            (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
-                         q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
-                         seq_ptr, work_ptr, work_indptr_ptr,
-                         out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
-                         part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                         DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                         ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, CONSUMERS)),
-            (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
-                         q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
-                         DP, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
+                     seq_ptr, work_ptr, work_indptr_ptr,
+                     out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
+                     part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
+                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT)),
+        (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
+                     seq_ptr, work_ptr, work_indptr_ptr,
+                     out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
+                     part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
+                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
+                     q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
+                     DP, BLOCK_M, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])

@@ -21,13 +21,8 @@ def merge_partials_kernel(
     lse_ptr, l_sb, l_sh, l_st,
     D,
     DP: tl.constexpr, BLOCK_M: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
-    ROWS: tl.constexpr = None,
 ):
-    """One program per split item and ``ROWS`` of its ``BLOCK_M`` rows (grid: items x
-    BLOCK_M // ROWS); pieces merged in slot order (deterministic). ``ROWS`` (default
-    ``BLOCK_M``) is a power of two dividing ``BLOCK_M``, which need not be one itself (a plan
-    tile of three 64-row warpgroups is 192 rows)."""
-    R: tl.constexpr = BLOCK_M if ROWS is None else ROWS
+    """One program per split item; pieces merged in slot order (deterministic)."""
     r = tl.program_id(0)
     item = reduce_ptr + r * 5
     b = tl.load(item + 0)
@@ -37,15 +32,15 @@ def merge_partials_kernel(
     n = tl.load(item + 4)
     q_len = tl.load(seq_ptr + b * 8 + 0)
     q_src = tl.load(seq_ptr + b * 8 + 2)
-    offs_m = tl.program_id(1) * R + tl.arange(0, R)  # rows of the tile
+    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, DP)
 
-    m = tl.full([R], float("-inf"), dtype=tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for i in range(0, n):
         m = tl.maximum(m, tl.load(part_lse_ptr + (slot0 + i).to(tl.int64) * BLOCK_M + offs_m))
     m_ref = tl.where(m == float("-inf"), 0.0, m)
-    wsum = tl.zeros([R], dtype=tl.float32)
-    acc = tl.zeros([R, DP], dtype=tl.float32)
+    wsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DP], dtype=tl.float32)
     for i in range(0, n):
         base = (slot0 + i).to(tl.int64) * BLOCK_M
         w = tl.exp(tl.load(part_lse_ptr + base + offs_m) - m_ref)
