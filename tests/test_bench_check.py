@@ -135,7 +135,7 @@ def test_bench_smoke_prints_a_table(capsys):
         assert float(rows[name][2]) > 0
         assert 0.99 < float(rows[name][6]) <= 1.0 + 1e-9
     assert float(rows["sdpa-math"][6]) == pytest.approx(1.0, abs=1e-6)
-    for name in ("sdpa-cudnn", "sdpa-flash", "sageattn"):
+    for name in ("sdpa-cudnn", "sdpa-flash", "sageattn", "cudnn-fp8"):
         assert "unavailable" in rows[name][-1] and "CUDA" in rows[name][-1]
     assert "of e2e" in rows["fp8dit"][-1]
     assert "triton kernel" in rows["fp8dit"][-1]  # the interpreter runs the Triton kernel

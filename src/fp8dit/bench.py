@@ -55,12 +55,15 @@ BACKENDS = {
     "sdpa-cudnn": "torch SDPA, SDPBackend.CUDNN_ATTENTION, bf16",
     "sdpa-flash": "torch SDPA, SDPBackend.FLASH_ATTENTION (FA2), bf16",
     "sageattn": "SageAttention sageattn (int8 QK, fp16 PV, Triton), when importable",
+    "cudnn-fp8": "cuDNN FP8 SDPA (frontend), per-tensor scales, quantized with torch ops; "
+                 "bf16 in/out",
+    "cudnn-fp8-kernel": "cuDNN FP8 SDPA kernel only, inputs pre-quantized, fp8 out",
     "sdpa-math": "torch SDPA, SDPBackend.MATH (the CPU reference of --smoke)",
 }
 GPU_BACKENDS = ("fp8dit", "fp8dit-auto", "fp8dit-kernel", "fp8dit-quant", "sdpa-cudnn",
-                "sdpa-flash", "sageattn")
+                "sdpa-flash", "sageattn", "cudnn-fp8", "cudnn-fp8-kernel")
 SMOKE_BACKENDS = ("fp8dit", "fp8dit-kernel", "fp8dit-quant", "sdpa-math", "sdpa-cudnn",
-                  "sdpa-flash", "sageattn")
+                  "sdpa-flash", "sageattn", "cudnn-fp8")
 SMOKE_SHAPE = "1,2,128,64"
 # Below this cosine against the reference a backend is flagged as broken (8-bit attention on
 # these inputs sits above 0.99; a wrong kernel lands far lower).
@@ -196,6 +199,7 @@ class Case:
     recipe: str
     sets: list  # [(q, k, v)] in ``layout``
     _staged: tuple | None = None  # (plan, cfg, recipe, scale, [Staged per set])
+    _cudnn_fp8: object = None  # cudnn_fp8.CudnnFp8Attention, built by the first cuDNN FP8 row
 
     def swap_hn(self, t):
         """[B,S,H,D] <-> [B,H,S,D] view when the inputs are NHD (SDPA wants HND)."""
@@ -319,6 +323,47 @@ def _make_sage(case: Case):
     return fn
 
 
+def _cudnn_fp8(case: Case):
+    """The cached cuDNN FP8 graph of this case (built once for both cuDNN FP8 rows)."""
+    from .cudnn_fp8 import CudnnFp8Attention, CudnnFp8Unavailable
+
+    _need_cuda(case, "cuDNN FP8 attention")
+    if case._cudnn_fp8 is None:
+        q, k, v = (case.swap_hn(t) for t in case.sets[0])
+        try:
+            case._cudnn_fp8 = CudnnFp8Attention(q, k, v)
+        except CudnnFp8Unavailable as e:
+            raise Unavailable(str(e)) from None
+    return case._cudnn_fp8
+
+
+def _make_cudnn_fp8(case: Case):
+    att = _cudnn_fp8(case)
+
+    def fn(i):
+        return case.swap_hn(att(*(case.swap_hn(t) for t in case.sets[i])))
+
+    return fn
+
+
+def _make_cudnn_fp8_kernel(case: Case):
+    from .cudnn_fp8 import quantize_inputs
+
+    att = _cudnn_fp8(case)
+    staged = [quantize_inputs(*(case.swap_hn(t) for t in qkv)) for qkv in case.sets]
+    outs = [att.run_fp8(x) for x in staged]
+
+    def fn(i):
+        return att.run_fp8(staged[i], outs[i])
+
+    def dequantized_fn(i):  # the check call: the same kernel output, in bf16 for the cosine
+        out8 = fn(i)
+        return case.swap_hn((out8.to(torch.float32) * staged[i].descale_o).to(torch.bfloat16))
+
+    fn.check_call = dequantized_fn
+    return fn
+
+
 MAKERS = {
     "fp8dit": _make_fp8dit,
     "fp8dit-auto": _make_fp8dit_auto,
@@ -328,6 +373,8 @@ MAKERS = {
     "sdpa-flash": _make_sdpa("FLASH"),
     "sdpa-math": _make_sdpa("MATH"),
     "sageattn": _make_sage,
+    "cudnn-fp8": _make_cudnn_fp8,
+    "cudnn-fp8-kernel": _make_cudnn_fp8_kernel,
 }
 # Reference output for the cosine column, first that runs.
 REFERENCE_ORDER = {"cuda": ("sdpa-cudnn", "sdpa-flash"), "cpu": ("sdpa-math",)}
@@ -728,12 +775,16 @@ def run_metadata(device: torch.device) -> dict:
         "commit": _git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import version
 
-        meta["sageattention"] = version("sageattention")
-    except Exception:  # noqa: BLE001 - not installed
-        meta["sageattention"] = None
+    for key, dist in (("sageattention", "sageattention"),
+                      ("cudnn_frontend", "nvidia-cudnn-frontend")):
+        try:
+            meta[key] = version(dist)
+        except Exception:  # noqa: BLE001 - not installed
+            meta[key] = None
+    # the cuDNN library under both SDPA cuDNN and cuDNN FP8 (None without one)
+    meta["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return meta
 
 
