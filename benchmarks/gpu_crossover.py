@@ -10,7 +10,9 @@ between Flux (4,608) and Wan 480p (32,760) were never timed on today's kernels.
 
 Per shape, same process, in ``--rounds`` rounds of rotating order: SDPA cuDNN, and
 ``fp8dit.attention(backend="fp8")`` end to end with ``FP8DIT_KERNEL=triton`` and
-``=gluon-ws``. Each timing is triton's do_bench median (L2 flushed between calls).
+``=gluon-ws``; cuDNN's FP8 SDPA end to end and kernel alone (``fp8dit.cudnn_fp8``,
+per-tensor scales) when its frontend is importable. Each timing is triton's do_bench median
+(L2 flushed between calls).
 """
 
 from __future__ import annotations
@@ -27,12 +29,24 @@ sys.path.insert(0, os.path.dirname(__file__))
 import gpu_gluon  # noqa: E402
 from gpu_variants import bench, cudnn_fn, fp8_fn, rotated, tflops  # noqa: E402
 
+from fp8dit.cudnn_fp8 import CudnnFp8Attention, CudnnFp8Unavailable, quantize_inputs  # noqa: E402
 from fp8dit.testing import make_qkv  # noqa: E402
 
 # (B, H, S, D): Flux's 24 heads at D=128 (Flux 1024 px is 4,608 tokens, 2048 px 16,896),
 # CogVideoX's 48 heads at D=64
 SHAPES = [(1, 24, s, 128) for s in (4608, 8192, 12288, 16896, 24576, 32768)] + \
          [(1, 48, s, 64) for s in (8192, 12288, 17776)]
+
+
+def cudnn_fp8_runs(sets) -> dict:
+    """cuDNN FP8 end to end (per-tensor quantization in torch ops) and its kernel alone."""
+    hn = [tuple(t.transpose(1, 2) for t in qkv) for qkv in sets]  # [B, H, S, D] views
+    att = CudnnFp8Attention(*hn[0])
+    pre = [quantize_inputs(*x) for x in hn]
+    out8 = att.run_fp8(pre[0])
+    turn = rotated(list(range(len(sets))))
+    return {"cudnn-fp8": lambda: att(*hn[turn()]),
+            "cudnn-fp8-kernel": lambda: att.run_fp8(pre[turn()], out8)}
 
 
 def main() -> int:
@@ -52,6 +66,11 @@ def main() -> int:
                 os.environ["FP8DIT_KERNEL"] = kname  # read per call (env.attention_kernel)
                 return fp8()
             runs[f"fp8dit[{kname}]"] = run
+        try:  # the FP8 peer, when the cuDNN frontend is importable
+            runs.update(cudnn_fp8_runs(sets))
+        except CudnnFp8Unavailable as e:
+            gpu_gluon.record(part="speed", shape=[B, H, S, D], backend="cudnn-fp8",
+                             error=str(e)[:300])
         times = {name: [] for name in runs}
         try:
             for fn in runs.values():  # compile and warm every path first
