@@ -272,7 +272,21 @@ def test_check_rows_for_every_recipe_and_family(capsys):
 
 def test_check_argument_errors(capsys):
     assert _run(check, ["--recipes", "int8qk-fp8pv,bf16"]) == 2
-    assert "--recipes: unknown 'bf16'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--recipes: unknown 'bf16'" in err and "cudnn-fp8" in err  # the peer is listed
+
+
+@needs_interpreter
+def test_check_names_why_the_cudnn_fp8_peer_cannot_run(capsys):
+    """Asked for by name without a GPU, the peer gets an error row with the reason (exit 1);
+    the other rows are unaffected."""
+    rc = _run(check, ["--shape", "1,2,64,64", "--families", "normal", "--recipes",
+                      "sdpa,cudnn-fp8"])
+    rows = _check_rows(capsys.readouterr().out)
+    assert rc == 1
+    assert set(rows) == {("sdpa", "normal"), ("cudnn-fp8", "normal")}
+    assert "CUDA GPU" in rows[("cudnn-fp8", "normal")][-1]
+    assert 0.99 < float(rows[("sdpa", "normal")][2]) <= 1.0 + 1e-9
     assert _run(check, ["--families", "gaussian"]) == 2
     assert "--families: unknown 'gaussian'" in capsys.readouterr().err
     assert _run(check, ["--shape", "1,2,x,64"]) == 2

@@ -7,7 +7,10 @@ does with the LSE), all against :func:`fp8dit.testing.attention_ref` in float64;
 the kernel's rel-L1 over that of a pure-torch emulation of the same recipe
 (:func:`fp8dit.testing.attention_emulated`; near 1x is precision, far above is a bug); with a
 GPU also the median time of each recipe. ``sdpa`` (torch SDPA in bf16) is the
-baseline every FP8 recipe is compared with.
+baseline every FP8 recipe is compared with; ``cudnn-fp8`` (asked for by name in
+``--recipes``) adds cuDNN's own FP8 attention with per-tensor scales
+(:mod:`fp8dit.cudnn_fp8`; Hopper GPU, ``nvidia-cudnn-frontend`` installed, q, k and v of one
+shape), which returns no LSE.
 
 Inputs come from the families of :mod:`fp8dit.testing` (``normal``, ``dit``) or from a file of
 tensors captured from a real model (``--inputs``)::
@@ -42,6 +45,8 @@ from .presets import PRESETS, ShapeError, get_preset, parse_shape
 GPU_SHAPE = "1,4,8192,128"
 CPU_SHAPE = "1,2,512,64"
 BASELINE = "sdpa"
+# Peers that run only when named in --recipes (they need a GPU and an optional package).
+PEERS = ("cudnn-fp8",)
 
 
 class InputsError(ValueError):
@@ -63,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a preset shape instead of --shape (GPU only): " + ", ".join(PRESETS))
     p.add_argument("--recipes", metavar="A,B",
                    help="comma-separated recipes of fp8dit.recipes.RECIPES and 'sdpa' "
-                        "(default: all of them)")
+                        "(default: all of them); 'cudnn-fp8' adds cuDNN's per-tensor FP8 "
+                        "attention (Hopper, nvidia-cudnn-frontend)")
     p.add_argument("--families", metavar="A,B",
                    help="comma-separated input families of fp8dit.testing (default: all)")
     p.add_argument("--inputs", metavar="QKV.PT",
@@ -184,9 +190,27 @@ def emulation_rel_l1(recipe: str, q, k, v, ref_out) -> float | None:
     return error_stats(torch.cat(outs, dim=2), ref_out).rel_l1
 
 
+_PEER_CACHE: dict = {}
+
+
+def _run_cudnn_fp8(q, k, v):
+    """cuDNN's FP8 attention on NHD q, k, v (one graph per shape, cached): (out, None)."""
+    from .cudnn_fp8 import CudnnFp8Attention
+
+    hn = [t.transpose(1, 2) for t in (q, k, v)]
+    key = (tuple(q.shape), tuple(q.stride()), q.dtype, q.device)
+    if key not in _PEER_CACHE:
+        _PEER_CACHE.clear()  # one shape at a time: a graph holds a workspace
+        _PEER_CACHE[key] = CudnnFp8Attention(*hn)
+    return _PEER_CACHE[key](*hn).transpose(1, 2), None
+
+
 def _run_recipe(recipe: str, q, k, v, return_lse: bool = True):
     import fp8dit
 
+    if recipe == "cudnn-fp8":
+        out, _ = _run_cudnn_fp8(q, k, v)
+        return (out, None) if return_lse else out
     if recipe == BASELINE:
         return fp8dit.attention(q, k, v, backend="sdpa", return_lse=return_lse)
     return fp8dit.attention(q, k, v, backend="fp8", recipe=recipe, return_lse=return_lse)
@@ -202,18 +226,23 @@ def measure(recipe: str, q, k, v, ref_out, ref_lse, *, speed: bool) -> dict:
     st = error_stats(out, ref_out)
     heads = error_stats_per_head(out, ref_out, layout="NHD")
     worst = max(range(len(heads)), key=lambda h: heads[h].rel_l1)
-    fin = torch.isfinite(ref_lse)
-    d = (lse.double() - ref_lse)[fin].abs()
-    row = dict(st.as_dict(), recipe=recipe,
-               lse_max_err=float(d.max()) if d.numel() else 0.0,
-               lse_nan=bool(torch.isnan(lse).any()),
+    if lse is None:  # a peer without LSE
+        lse_err, lse_nan = None, False
+    else:
+        fin = torch.isfinite(ref_lse)
+        d = (lse.double() - ref_lse)[fin].abs()
+        lse_err, lse_nan = (float(d.max()) if d.numel() else 0.0), bool(torch.isnan(lse).any())
+    row = dict(st.as_dict(), recipe=recipe, lse_max_err=lse_err, lse_nan=lse_nan,
                worst_head=worst, worst_head_rel_l1=heads[worst].rel_l1,
                per_head_rel_l1=[h.rel_l1 for h in heads], ms=None)
+    has_lse = lse is not None
     del out, lse
-    merged = ring_merge(lambda qq, kk, vv: _run_recipe(recipe, qq, kk, vv), q, k, v,
-                        chunks=RING_CHUNKS)
-    row["ring_rel_l1"] = error_stats(merged, ref_out).rel_l1
-    del merged
+    row["ring_rel_l1"] = None
+    if has_lse:
+        merged = ring_merge(lambda qq, kk, vv: _run_recipe(recipe, qq, kk, vv), q, k, v,
+                            chunks=RING_CHUNKS)
+        row["ring_rel_l1"] = error_stats(merged, ref_out).rel_l1
+        del merged
     emu = emulation_rel_l1(recipe, q, k, v, ref_out)
     row["emulation_rel_l1"] = emu
     row["vs_emulation"] = st.rel_l1 / emu if emu else None
@@ -307,14 +336,16 @@ def _error(msg: str) -> int:
     return 2
 
 
-def _parse_list(text, allowed, what: str) -> list[str]:
+def _parse_list(text, allowed, what: str, extra=()) -> list[str]:
+    """Names from ``text`` (default: all of ``allowed``; ``extra`` only when named)."""
     if not text:
         return list(allowed)
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in allowed]
+    bad = [n for n in names if n not in allowed and n not in extra]
     if bad or not names:
         raise ValueError(f"--{what}: unknown {', '.join(map(repr, bad)) or 'empty list'}; "
-                         f"expected a comma-separated subset of: {', '.join(allowed)}")
+                         f"expected a comma-separated subset of: "
+                         f"{', '.join([*allowed, *extra])}")
     return list(dict.fromkeys(names))
 
 
@@ -334,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             return _error(missing)
     try:
-        recipes = _parse_list(args.recipes, [*RECIPES, BASELINE], "recipes")
+        recipes = _parse_list(args.recipes, [*RECIPES, BASELINE], "recipes", extra=PEERS)
         families = _parse_list(args.families, list(FAMILIES), "families")
         if args.preset and args.shape:
             raise ShapeError("give --shape or --preset, not both")
