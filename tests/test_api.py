@@ -165,15 +165,39 @@ def test_opcheck_custom_ops():
     )
 
 
-def test_auto_preferences_follow_the_measured_crossovers():
+def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     """On CUDA, auto skips FP8 where it measured slower than SDPA cuDNN (short sequences,
     head dims padded to 256); CPU (interpreter) runs are never redirected."""
     from types import SimpleNamespace
 
-    from fp8dit import dispatch
+    from fp8dit import dispatch, launch
+
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(dispatch, "_capability", lambda index: cap["value"])
+    monkeypatch.setitem(dispatch._TRITON_RELEASE, "v", launch.WS_VERIFIED_TRITON[0])
+    monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
 
     def fake(d, device="cuda"):
         return SimpleNamespace(device=torch.device(device), shape=(1, 8, 2, d))
+
+    # D=64 pays from 8,192 tokens on the warp-specialized kernel (Hopper, non-causal) and
+    # only from 17,000 where the Triton kernel runs (causal, another GPU, another Triton)
+    q64, n64 = fake(64), dispatch.FP8_MIN_TOKENS[64]
+    assert n64 < dispatch.FP8_MIN_TOKENS_TRITON_KERNEL[64]
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64) is None
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64 - 1)
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, True, n64)
+    monkeypatch.setenv("FP8DIT_KERNEL", "triton")
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
+    monkeypatch.delenv("FP8DIT_KERNEL")
+    monkeypatch.setitem(dispatch._TRITON_RELEASE, "v", "0.1")
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
+    monkeypatch.setitem(dispatch._TRITON_RELEASE, "v", launch.WS_VERIFIED_TRITON[0])
+    cap["value"] = (8, 0)
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
+    assert dispatch.fp8_not_preferred_reason(
+        q64, q64, q64, False, dispatch.FP8_MIN_TOKENS_TRITON_KERNEL[64]) is None
+    cap["value"] = (9, 0)
 
     floor = dispatch.FP8_MIN_TOKENS[128]
     assert dispatch.effective_tokens([4096], [4096]) == 4096

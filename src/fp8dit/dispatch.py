@@ -97,11 +97,33 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # (H200, 2026-12-02, benchmarks/NOTES.md: D=256 at 0.62x of SDPA cuDNN, best tile config).
 FP8_SLOWER_HEAD_DIMS = (256,)
 # Below these effective lengths (tokens; key: padded head dim) quantization and launches cost
-# more than FP8 saves: measured crossovers against SDPA cuDNN on the H200 (benchmarks/NOTES.md,
-# "crossover"): D=128, 24 heads: 0.96x at 6,144 tokens, 1.03x at 8,192; D=64, 48 heads: 0.92x
-# at 16,384, 1.04x at 17,776 (CogVideoX). Cross-attention to short text keys (Wan: 512) lands
-# here too.
-FP8_MIN_TOKENS = {64: 17000, 128: 8192}
+# more than FP8 saves: measured crossovers against SDPA cuDNN on the H200 (benchmarks/NOTES.md).
+# On the warp-specialized kernel (run s14-3, `benchmarks/gpu_crossover.py`, end to end): D=128,
+# 24 heads: 0.44x at 4,608 tokens (Flux), 1.36x at 8,192, 1.49x at 16,896; D=64, 48 heads:
+# 1.14x at 8,192 and 12,288, 1.28x at 17,776 (CogVideoX). On the Triton kernel, which runs
+# where that one does not (causal calls, GPUs other than Hopper, unverified Triton releases):
+# D=128 1.08x at 8,192 (1.03x in session 2); D=64 1.00x at 8,192, 0.98x at 12,288, 1.12x at
+# 17,776. Cross-attention to short text keys (Wan: 512, ~1,000 effective tokens) lands here.
+FP8_MIN_TOKENS = {64: 8192, 128: 8192}
+FP8_MIN_TOKENS_TRITON_KERNEL = {64: 17000, 128: 8192}
+# Triton release as "major.minor" (dict, not functools.cache: dynamo traces this module).
+_TRITON_RELEASE: dict[str, str] = {}
+
+
+def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
+    """Whether ``launch.kernel_for`` will pick the warp-specialized kernel for a dense call:
+    its conditions that the call's tensors decide (non-causal, Hopper, a Triton release it was
+    verified on, the kernel not forced to another), without its shape and recipe tests."""
+    from .launch import WS_VERIFIED_TRITON
+
+    if is_causal or env.attention_kernel() not in ("auto", "gluon-ws"):
+        return False
+    if "v" not in _TRITON_RELEASE:
+        import triton
+
+        _TRITON_RELEASE["v"] = ".".join(triton.__version__.split(".")[:2])
+    return (_capability(q.device.index or 0) == (9, 0)
+            and _TRITON_RELEASE["v"] in WS_VERIFIED_TRITON)
 
 
 def effective_tokens(q_lens, k_lens) -> float:
@@ -119,8 +141,12 @@ def fp8_not_preferred_reason(q, k, v, is_causal=False, tokens=None) -> str | Non
     if dp in FP8_SLOWER_HEAD_DIMS:
         return (f"head_dim {q.shape[-1]} runs in 256-wide tiles, where the FP8 kernel measured "
                 "0.62x the speed of SDPA cuDNN on an H200; backend='fp8' still runs it")
-    floor = FP8_MIN_TOKENS.get(dp)
-    if tokens is not None and floor is not None and tokens < floor:
+    if tokens is None:
+        return None
+    floors = (FP8_MIN_TOKENS if _warp_specialized_kernel_likely(q, is_causal)
+              else FP8_MIN_TOKENS_TRITON_KERNEL)
+    floor = floors.get(dp)
+    if floor is not None and tokens < floor:
         return (f"sequence too short for FP8 to pay: {tokens:.0f} effective tokens, under the "
                 f"{floor} where it measured faster than SDPA cuDNN on an H200 at head_dim <= "
                 f"{dp}; backend='fp8' still runs it")

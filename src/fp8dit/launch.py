@@ -63,13 +63,12 @@ TILE_OVERRIDES: dict[int, dict] = {}
 
 # With FP8DIT_KERNEL=auto, the warp-specialized Gluon kernel runs dense non-causal calls at
 # padded head dim 64 or 128 whose key sequences reach these lengths (benchmarks/NOTES.md).
-# D=128, with 256-key steps (run s6-1, same process): Wan 720p 836 TFLOPS against 774 for its
-# 128-key loop and 724 for the Triton kernel, Wan 480p (32,760 keys) 814 / 763 / 714,
-# HunyuanVideo 720p 843 / 768 / 726. Flux (4,608 keys) was slower on the 128-key loop (0.72
-# vs 0.52 ms, session 4); between 4,608 and 32,760 not measured.
-# D=64, CogVideoX (17,776 keys): 256-key steps with two ring stages 479 against 461 for the
-# Triton kernel (run s6-1); FP8 itself only runs from ~17k keys at D=64 (dispatch).
-WS_MIN_KV_TOKENS = {64: 16384, 128: 32000}
+# Run s14-3 (`benchmarks/gpu_crossover.py`, same process, fp8dit end to end, ms): D=128, 24
+# heads: 4,608 keys (Flux) 0.99 against 0.86 on the Triton kernel; 8,192: 1.01 / 1.27;
+# 12,288: 2.12 / 2.69; 16,896: 3.82 / 4.95; 24,576: 7.87 / 10.27; 32,768: 13.73 / 18.24.
+# D=64, 48 heads: 8,192: 1.67 / 1.91; 12,288: 3.54 / 4.12; 17,776: 7.32 / 8.37. Below 8,192
+# keys only 4,608 was measured, where the Triton kernel wins.
+WS_MIN_KV_TOKENS = {64: 8192, 128: 8192}
 # Triton releases (major.minor) on which the warp-specialized kernel has run on a GPU and
 # matched the Triton kernel (benchmarks/gpu_gluon.py --parts check). Gluon is experimental
 # and changes between releases; on others it compiles for sm_90 in CI at best, so ``auto``
