@@ -174,7 +174,7 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
 
     cap = {"value": (9, 0)}
     monkeypatch.setattr(dispatch, "_capability", lambda index: cap["value"])
-    monkeypatch.setitem(dispatch._TRITON_RELEASE, "v", launch.WS_VERIFIED_TRITON[0])
+    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
 
     def fake(d, device="cuda"):
@@ -190,9 +190,9 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     monkeypatch.setenv("FP8DIT_KERNEL", "triton")
     assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
     monkeypatch.delenv("FP8DIT_KERNEL")
-    monkeypatch.setitem(dispatch._TRITON_RELEASE, "v", "0.1")
+    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", ("0.1",))  # not this release
     assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    monkeypatch.setitem(dispatch._TRITON_RELEASE, "v", launch.WS_VERIFIED_TRITON[0])
+    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
     cap["value"] = (8, 0)
     assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
     assert dispatch.fp8_not_preferred_reason(
@@ -212,6 +212,24 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     # A backend named explicitly ignores these preferences; on CPU auto still picks FP8.
     qq, kk, vv = (torch.randn(1, 64, 2, 64).bfloat16() for _ in range(3))
     assert fp8dit.select_backend(qq, kk, vv)[0] == "fp8"
+
+
+def test_kernel_aware_preference_traces_without_a_graph_break(monkeypatch):
+    """auto's preference runs inside compiled forwards (dispatch is traced): the check of which
+    kernel will run must not break the graph, also on its first call (release not read yet)."""
+    from fp8dit import dispatch, launch
+
+    monkeypatch.setattr(dispatch, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
+    monkeypatch.setattr(launch, "_TRITON_RELEASE", {})
+    monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
+
+    def f(x):
+        return x + 1 if dispatch._warp_specialized_kernel_likely(x, False) else x - 1
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2)),
+                       torch.ones(2))
 
 
 def test_sampled_rows_reference_matches_the_full_one():

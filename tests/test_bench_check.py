@@ -274,6 +274,10 @@ def test_check_argument_errors(capsys):
     assert _run(check, ["--recipes", "int8qk-fp8pv,bf16"]) == 2
     err = capsys.readouterr().err
     assert "--recipes: unknown 'bf16'" in err and "cudnn-fp8" in err  # the peer is listed
+    assert _run(check, ["--families", "gaussian"]) == 2
+    assert "--families: unknown 'gaussian'" in capsys.readouterr().err
+    assert _run(check, ["--shape", "1,2,x,64"]) == 2
+    assert "S must be an integer" in capsys.readouterr().err
 
 
 @needs_interpreter
@@ -287,10 +291,6 @@ def test_check_names_why_the_cudnn_fp8_peer_cannot_run(capsys):
     assert set(rows) == {("sdpa", "normal"), ("cudnn-fp8", "normal")}
     assert "CUDA GPU" in rows[("cudnn-fp8", "normal")][-1]
     assert 0.99 < float(rows[("sdpa", "normal")][2]) <= 1.0 + 1e-9
-    assert _run(check, ["--families", "gaussian"]) == 2
-    assert "--families: unknown 'gaussian'" in capsys.readouterr().err
-    assert _run(check, ["--shape", "1,2,x,64"]) == 2
-    assert "S must be an integer" in capsys.readouterr().err
 
 
 def _save(path, obj):

@@ -51,6 +51,12 @@ def test_inputs_leave_headroom_for_the_fp8_output():
     # the largest possible |O| (max |V|) lands at half of e4m3's range
     assert float(v.float().abs().max() * x.scale_o) <= cudnn_fp8.FP8_MAX / 2 * 1.001
     assert float(x.scale_o * x.descale_o) == pytest.approx(1.0, rel=1e-6)
+    # an O the kernel stored as O * scale_o in e4m3 comes back within e4m3's rounding
+    o = v.float() * 0.5
+    back = cudnn_fp8.dequantize_output((o * x.scale_o).to(cudnn_fp8.FP8), x, torch.bfloat16)
+    assert back.dtype == torch.bfloat16
+    big = o.abs() > o.abs().max() / 32
+    assert ((back.float() - o).abs() / o.abs())[big].max() <= 2.0 ** -4 + 2.0 ** -8
 
 
 def test_cpu_tensors_are_refused_with_the_reason():

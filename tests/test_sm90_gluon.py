@@ -234,7 +234,7 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cap = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch._triton_release(),))
+    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
     gpu = torch.device("cuda", 0)
     default = get_recipe(DEFAULT_RECIPE)
     n = launch.WS_MIN_KV_TOKENS[128]
@@ -261,7 +261,7 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     cap["value"] = (9, 0)
     monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", ("0.0",))  # a Triton not run on a GPU
     assert choice() == "triton"
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch._triton_release(),))
+    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
     for name in ("triton", "gluon", "gluon-ws"):  # a named kernel is taken as asked
         monkeypatch.setenv("FP8DIT_KERNEL", name)
         assert choice(head_dim=64, k_len=100) == name

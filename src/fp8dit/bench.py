@@ -347,7 +347,7 @@ def _make_cudnn_fp8(case: Case):
 
 
 def _make_cudnn_fp8_kernel(case: Case):
-    from .cudnn_fp8 import quantize_inputs
+    from .cudnn_fp8 import dequantize_output, quantize_inputs
 
     att = _cudnn_fp8(case)
     staged = [quantize_inputs(*(case.swap_hn(t) for t in qkv)) for qkv in case.sets]
@@ -357,8 +357,7 @@ def _make_cudnn_fp8_kernel(case: Case):
         return att.run_fp8(staged[i], outs[i])
 
     def dequantized_fn(i):  # the check call: the same kernel output, in bf16 for the cosine
-        out8 = fn(i)
-        return case.swap_hn((out8.to(torch.float32) * staged[i].descale_o).to(torch.bfloat16))
+        return case.swap_hn(dequantize_output(fn(i), staged[i], case.sets[i][0].dtype))
 
     fn.check_call = dequantized_fn
     return fn

@@ -79,6 +79,11 @@ class Fp8Inputs:
     descale_o: torch.Tensor
 
 
+def dequantize_output(out8: torch.Tensor, x: Fp8Inputs, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's e4m3 O (O * scale_o) back to ``dtype``."""
+    return (out8.to(torch.float32) * x.descale_o).to(dtype)
+
+
 def quantize_inputs(q, k, v) -> Fp8Inputs:
     (q8, dq), (k8, dk), (v8, dv) = (quantize_per_tensor(t) for t in (q, k, v))
     # |O| <= max|V| = 448 * dv: O * scale_o stays within half of e4m3's range
@@ -172,5 +177,4 @@ class CudnnFp8Attention:
     def __call__(self, q, k, v) -> torch.Tensor:
         """bf16 in, bf16 out: per-tensor quantization, the cuDNN kernel, O dequantized."""
         x = quantize_inputs(q, k, v)
-        out8 = self.run_fp8(x)
-        return (out8.to(torch.float32) * x.descale_o).to(q.dtype)
+        return dequantize_output(self.run_fp8(x), x, q.dtype)

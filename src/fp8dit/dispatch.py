@@ -106,24 +106,18 @@ FP8_SLOWER_HEAD_DIMS = (256,)
 # 17,776. Cross-attention to short text keys (Wan: 512, ~1,000 effective tokens) lands here.
 FP8_MIN_TOKENS = {64: 8192, 128: 8192}
 FP8_MIN_TOKENS_TRITON_KERNEL = {64: 17000, 128: 8192}
-# Triton release as "major.minor" (dict, not functools.cache: dynamo traces this module).
-_TRITON_RELEASE: dict[str, str] = {}
 
 
 def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
     """Whether ``launch.kernel_for`` will pick the warp-specialized kernel for a dense call:
     its conditions that the call's tensors decide (non-causal, Hopper, a Triton release it was
     verified on, the kernel not forced to another), without its shape and recipe tests."""
-    from .launch import WS_VERIFIED_TRITON
+    from . import launch
 
     if is_causal or env.attention_kernel() not in ("auto", "gluon-ws"):
         return False
-    if "v" not in _TRITON_RELEASE:
-        import triton
-
-        _TRITON_RELEASE["v"] = ".".join(triton.__version__.split(".")[:2])
     return (_capability(q.device.index or 0) == (9, 0)
-            and _TRITON_RELEASE["v"] in WS_VERIFIED_TRITON)
+            and launch.triton_release() in launch.WS_VERIFIED_TRITON)
 
 
 def effective_tokens(q_lens, k_lens) -> float:

@@ -76,11 +76,17 @@ WS_MIN_KV_TOKENS = {64: 8192, 128: 8192}
 WS_VERIFIED_TRITON = ("3.6",)
 
 
-@functools.cache
-def _triton_release() -> str:
-    import triton
+# Triton's release as "major.minor", read once. A dict, not functools.cache: dispatch asks for
+# it from code that torch.compile traces, and dynamo does not trace through cache wrappers.
+_TRITON_RELEASE: dict[str, str] = {}
 
-    return ".".join(triton.__version__.split(".")[:2])
+
+def triton_release() -> str:
+    if "v" not in _TRITON_RELEASE:
+        import triton
+
+        _TRITON_RELEASE["v"] = ".".join(triton.__version__.split(".")[:2])
+    return _TRITON_RELEASE["v"]
 
 
 def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
@@ -98,7 +104,7 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
     if (dp in WS_MIN_KV_TOKENS and max_k_len >= WS_MIN_KV_TOKENS[dp] and not is_causal
             and recipe.qk == "int8" and recipe.qk_terms == 1 and recipe.pv == "fp8"
             and _gluon_ws_possible(device)
-            and _triton_release() in WS_VERIFIED_TRITON
+            and triton_release() in WS_VERIFIED_TRITON
             and _gluon_sm90_module("attention_sm90_ws") is not None):
         return "gluon-ws"
     return "triton"
