@@ -70,7 +70,14 @@ def forward_inputs(preset: dict, seed: int, device) -> dict:
 
 
 def sdpa_context(name: str):
+    """SDPA limited to one kernel; "auto": torch's own choice (masked calls, which flash and
+    some cuDNN versions do not take)."""
+    import contextlib
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name == "auto":
+        return contextlib.nullcontext()
 
     kernel = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
               "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
@@ -152,8 +159,6 @@ def main(argv=None) -> int:
 
     import fp8dit
     from fp8dit.demo import PRESETS, build_model
-    from fp8dit.integrations import diffusers as fd
-    from fp8dit.testing import error_stats
 
     device = torch.device("cuda")
     preset = PRESETS[f"wan2.2-a14b-{args.resolution}"]
@@ -171,30 +176,11 @@ def main(argv=None) -> int:
     # call, and a compiled model or captured graph cannot switch its attention backend.
     models = {name: build_model(preset, args.layers, args.seed, device) for name in names}
     inputs = forward_inputs(preset, args.seed + 1, device)
-    fd.register()
-    # diffusers' set_attention_backend also sets the process-wide active backend, which layers
-    # without their own follow: the baseline's layers are pinned to "native" explicitly, and
-    # checked, or both models would run fp8dit (as a first version of this script did).
-    models[baseline].set_attention_backend("native")
-    fd.enable(models["fp8dit"])
-    for name, want in ((baseline, "native"), ("fp8dit", "fp8dit")):
-        got = set(fd.layer_backends(models[name]).values())
-        if got != {want}:
-            raise RuntimeError(f"the {name} model's attention layers run {sorted(got)}, "
-                               f"expected only {want!r}")
+    pin_backends(models)
     model_bytes = sum(p.numel() * p.element_size() for p in models[baseline].parameters())
-
-    def forward(fn, name):
-        def call():
-            if name == "fp8dit":
-                return fn(**inputs, return_dict=False)[0]
-            with sdpa_context(args.sdpa):
-                return fn(**inputs, return_dict=False)[0]
-        return call
 
     modes = ["eager"] + (["compile"] if args.compile else []) + (
         ["cuda-graph"] if args.cuda_graph else [])
-    rows, ref = [], None
     common = dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
         diffusers=diffusers.__version__, fp8dit=fp8dit.__version__,
@@ -203,6 +189,52 @@ def main(argv=None) -> int:
         heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
         repeats=args.repeats, warmup=args.warmup, timing="alternating",
     )
+    rows = compare_forwards(models, inputs, baseline, modes, args.warmup, args.repeats, common,
+                            model_bytes)
+    return report(rows, baseline, Path(args.out) if args.out else None, "wan-forward")
+
+
+def pin_backends(models: dict) -> None:
+    """The attention layers of ``models["fp8dit"]`` on fp8dit, every other model's (the
+    ``sdpa-<kernel>`` baselines) on diffusers' "native"."""
+    from fp8dit.integrations import diffusers as fd
+
+    fd.register()
+    # diffusers' set_attention_backend also sets the process-wide active backend, which layers
+    # without their own follow: the baselines' layers are pinned to "native" explicitly, and
+    # checked, or every model would run fp8dit (as a first version of this script did).
+    for name, model in models.items():
+        if name != "fp8dit":
+            model.set_attention_backend("native")
+    fd.enable(models["fp8dit"])
+    for name in models:
+        want = "fp8dit" if name == "fp8dit" else "native"
+        got = set(fd.layer_backends(models[name]).values())
+        if got != {want}:
+            raise RuntimeError(f"the {name} model's attention layers run {sorted(got)}, "
+                               f"expected only {want!r}")
+
+
+def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: int,
+                     repeats: int, common: dict, model_bytes: int) -> list[dict]:
+    """One row per (mode, backend) of ``models = {"sdpa-<kernel>": model, ..., "fp8dit": model}``
+    (same weights, layers pinned by :func:`pin_backends`): alternating CUDA-event times, peak
+    memory and the output against the eager ``baseline``'s, fp8dit's speed-up over it. A mode
+    that fails is a row with ``error``."""
+    from fp8dit.testing import error_stats
+
+    device = torch.device("cuda")
+    names = list(models)
+
+    def forward(fn, name):
+        def call():
+            if name == "fp8dit":
+                return fn(**inputs, return_dict=False)[0]
+            with sdpa_context(name.removeprefix("sdpa-")):
+                return fn(**inputs, return_dict=False)[0]
+        return call
+
+    rows, ref = [], None
     with torch.no_grad():
         for mode in modes:
             torch._dynamo.reset()
@@ -252,7 +284,7 @@ def main(argv=None) -> int:
                                nan=stats.nan)
                 calls[name] = (row, call)
                 out = None
-            timed = alternate_ms(calls, args.warmup, args.repeats)
+            timed = alternate_ms(calls, warmup, repeats)
             for name, (row, _) in calls.items():
                 row["ms_median"], row["ms_min"] = timed[name]
                 rows.append(row)
@@ -264,13 +296,25 @@ def main(argv=None) -> int:
 
     by_key = {(r["mode"], r["backend"]): r for r in rows}
     for r in rows:
-        base = by_key.get((r["mode"], baseline))
-        if r["backend"] == "fp8dit" and base and "ms_median" in base and "ms_median" in r:
-            r["speedup"] = round(base["ms_median"] / r["ms_median"], 3)
+        if r["backend"] != "fp8dit" or "ms_median" not in r:
+            continue
+        for name in (n for n in names if n != "fp8dit"):  # "speedup": against ``baseline``
+            base = by_key.get((r["mode"], name))
+            if base and "ms_median" in base:
+                ratio = round(base["ms_median"] / r["ms_median"], 3)
+                r.setdefault("speedup_vs", {})[name] = ratio
+                if name == baseline:
+                    r["speedup"] = ratio
+    return rows
 
+
+def report(rows: list[dict], baseline: str, out_path: Path | None, suffix: str) -> int:
+    """Append ``rows`` to ``out_path`` (default results/<gpu>-<suffix>.json), print the table;
+    the exit code: 1 when a row failed or gave NaN."""
     from fp8dit.bench import gpu_slug, save_results
 
-    out_path = Path(args.out) if args.out else RESULTS / f"{gpu_slug(gpu)}-wan-forward.json"
+    if out_path is None:
+        out_path = RESULTS / f"{gpu_slug(rows[0]['gpu'])}-{suffix}.json"
     save_results(out_path, rows)
 
     print(f"\nwrote {len(rows)} rows to {out_path}")

@@ -126,9 +126,9 @@ def test_demo_fresh_process_sets_interpreter(tmp_path):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message on a machine without CUDA")
-def test_bench_wan_forward_exits_without_cuda():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_wan_forward.py")],
+@pytest.mark.parametrize("script", ["bench_wan_forward", "bench_hunyuan_forward"])
+def test_forward_benchmarks_exit_without_cuda(script):
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
-    assert res.stdout.strip() == (
-        "bench_wan_forward: needs a CUDA GPU; torch sees none (nothing measured)")
+    assert res.stdout.strip() == f"{script}: needs a CUDA GPU; torch sees none (nothing measured)"

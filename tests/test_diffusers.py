@@ -181,7 +181,8 @@ def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
     monkeypatch.setattr(fd, "_logged", set())
     q, k, v = _qkv(2, 64, 48, 2, 64)
     mask = torch.zeros(2, 48, dtype=torch.bool, device=DEVICE)
-    mask[:, :20] = True  # keys 20.. are padding
+    mask[:, :20] = True  # keys 20.. are padding, and key 3 is dropped too: no key padding
+    mask[:, 3] = False
     with caplog.at_level(logging.WARNING, logger="fp8dit"), fd.record_calls() as calls:
         for _ in range(3):
             out = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend="fp8dit")
@@ -189,10 +190,17 @@ def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
     assert len(logged) == 1, [r.getMessage() for r in caplog.records]
     assert [c["backend"] for c in calls] == ["sdpa"] * 3
     assert "attn_mask" in calls[0]["reason"]
-    ref = attention_ref(q, k[:, :20], v[:, :20])
+    keep = [i for i in range(20) if i != 3]
+    ref = attention_ref(q, k[:, keep], v[:, keep])
     assert error_stats(out, ref).cos > 0.9999
+    # a boolean mask's SDPA fallback still gives the LSE (fp32, masked); an additive one not
+    out, lse = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend="fp8dit",
+                                        attention_kwargs={"return_lse": True})
+    _, ref_lse = attention_ref(q, k[:, keep], v[:, keep], return_lse=True)
+    assert (lse.double() - ref_lse.transpose(1, 2)).abs().max().item() < 1e-3
+    bias = torch.zeros(2, 1, 1, 48, device=DEVICE).masked_fill(~mask[:, None, None], -1e4)
     with pytest.raises(NotImplementedError, match="return_lse=True is not supported when attn"):
-        ad.dispatch_attention_fn(q, k, v, attn_mask=mask, backend="fp8dit",
+        ad.dispatch_attention_fn(q, k, v, attn_mask=bias, backend="fp8dit",
                                  attention_kwargs={"return_lse": True})
 
 

@@ -582,9 +582,14 @@ def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 
 def fp8_attention_fwd(
     q, k, v, *, layout: str, scale: float, is_causal: bool, recipe: Recipe,
-    num_splits: int | None = None,
+    num_splits: int | None = None, k_lens=None,
 ):
-    """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32)."""
+    """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32).
+
+    ``k_lens``: keys each sequence attends to, a prefix of its ``Sk`` (a key-padding mask that
+    keeps the first ``k_lens[b]`` keys, ``fp8dit.key_padding``); None: all. The plan carries the
+    lengths, so the kernels never read the keys past them; a sequence with none gets zeros and
+    lse -inf."""
     if layout == "NHD":
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -595,12 +600,18 @@ def fp8_attention_fwd(
     lse = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
     if B == 0 or Sq == 0:
         return out, lse
-    if Sk == 0:
+    k_lens = [Sk] * B if k_lens is None else [int(n) for n in k_lens]
+    if len(k_lens) != B or not all(0 <= n <= Sk for n in k_lens):
+        raise ValueError(f"k_lens: expected {B} lengths in [0, {Sk}], got {k_lens}")
+    if not any(k_lens):
         return out.zero_(), lse.fill_(-math.inf)
     plan, cfg = plan_for(
-        [Sq] * B, [Sk] * B, varlen=False, num_heads=H, num_kv_heads=Hkv, head_dim=D,
+        [Sq] * B, k_lens, varlen=False, num_heads=H, num_kv_heads=Hkv, head_dim=D,
         is_causal=is_causal, device=q.device, num_splits=num_splits, recipe=recipe,
     )
+    if plan.needs_zero_fill:
+        out.zero_()
+        lse.fill_(-math.inf)
     launch_fp8_attention(
         plan, cfg, recipe, scale,
         q, _bthd_strides(q, layout), k, _bthd_strides(k, layout), v, _bthd_strides(v, layout),

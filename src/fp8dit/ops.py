@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .key_padding import key_padding_attention
 from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import get_recipe
 
@@ -54,3 +55,25 @@ def attention_varlen_fp8(
 def _attention_varlen_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, is_causal, recipe,
                                num_splits):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp8dit::attention_fp8_key_padding", mutates_args=())
+def attention_fp8_key_padding(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
+    scale: float, recipe: str, return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # NHD inputs. The mask's key lengths are read on the host here (fp8dit.key_padding), or the
+    # call runs SDPA with the mask; lse is unfilled when not asked for.
+    out, lse, _ = key_padding_attention(q, k, v, attn_mask, scale=scale,
+                                        recipe=get_recipe(recipe), return_lse=return_lse)
+    if lse is None:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    if out.stride() != torch.empty_like(q, device="meta").stride():  # SDPA's: the fake's
+        out = torch.empty_like(q).copy_(out)
+    return out, lse
+
+
+@attention_fp8_key_padding.register_fake
+def _attention_fp8_key_padding_fake(q, k, v, attn_mask, scale, recipe, return_lse):
+    B, Sq, H, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 
-def _lse_fp32(qh, kh, scale: float, is_causal: bool, chunk: int = 1024) -> torch.Tensor:
+def _lse_fp32(qh, kh, scale: float, is_causal: bool, chunk: int = 1024,
+              attn_mask=None) -> torch.Tensor:
     B, H, Sq, _ = qh.shape
     Hkv, Sk = kh.shape[1], kh.shape[2]
     kf = kh.float().repeat_interleave(H // Hkv, dim=1)
@@ -24,12 +25,17 @@ def _lse_fp32(qh, kh, scale: float, is_causal: bool, chunk: int = 1024) -> torch
             rows = torch.arange(r0, r1, device=s.device)[:, None]
             cols = torch.arange(Sk, device=s.device)[None, :]
             s = s.masked_fill(cols > rows, float("-inf"))
+        if attn_mask is not None:  # SDPA's convention: bool keeps where True, float adds
+            m = attn_mask[..., r0:r1, :] if attn_mask.shape[-2] > 1 else attn_mask
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
         lse[:, :, r0:r1] = torch.logsumexp(s, dim=-1)
     return lse
 
 
-def sdpa_attention(q, k, v, *, layout: str, scale: float, is_causal: bool, return_lse: bool):
-    """Dense attention in the input dtype; lse [B, H, Sq] fp32 or None."""
+def sdpa_attention(q, k, v, *, layout: str, scale: float, is_causal: bool, return_lse: bool,
+                   attn_mask=None):
+    """Dense attention in the input dtype; lse [B, H, Sq] fp32 or None. ``attn_mask``: SDPA's
+    (broadcast to [B, H, Sq, Sk])."""
     if layout == "NHD":
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
     else:
@@ -38,10 +44,11 @@ def sdpa_attention(q, k, v, *, layout: str, scale: float, is_causal: bool, retur
     if H != Hkv:
         kh = kh.repeat_interleave(H // Hkv, dim=1)
         vh = vh.repeat_interleave(H // Hkv, dim=1)
-    out = F.scaled_dot_product_attention(qh, kh, vh, scale=scale, is_causal=is_causal)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale,
+                                         is_causal=is_causal)
     if layout == "NHD":
         out = out.transpose(1, 2)
-    lse = _lse_fp32(qh, kh, scale, is_causal) if return_lse else None
+    lse = _lse_fp32(qh, kh, scale, is_causal, attn_mask=attn_mask) if return_lse else None
     return out, lse
 
 

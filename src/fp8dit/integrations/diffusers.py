@@ -17,10 +17,13 @@ dispatcher. Cross-attention to short keys (Wan: 512 text tokens) runs SDPA: its 
 (``dispatch.effective_tokens``, ~1,000) is under the FP8 floor, and on the H200 at Wan 720p
 (75,600 queries x 512 keys x 40 heads, run s13-1) FP8 took 2.46 ms (kernel 1.65, quantizing Q
 0.50) against cuDNN's 1.56. ``backend="fp8"`` still runs it FP8: the kernels take any key
-length (off CUDA there is no floor, and the tiny-Wan test runs those layers FP8). An
-``attn_mask`` or a non-zero ``dropout_p`` goes to torch SDPA (reason logged once on logger
-``"fp8dit"``). ``return_lse=True`` also returns the log-sum-exp ``[B, S, H]`` float32, the
-layout diffusers' ring attention merges.
+length (off CUDA there is no floor, and the tiny-Wan test runs those layers FP8). A boolean
+key-padding ``attn_mask`` that keeps a prefix of keys (HunyuanVideo's ``[B, 1, 1, S]`` mask,
+which drops the prompt's padding) runs FP8 over the kept keys (:mod:`fp8dit.key_padding`: the
+lengths are read on the host once per mask tensor). Any other mask, a masked causal call, or a
+non-zero ``dropout_p`` goes to torch SDPA (reason logged once on logger ``"fp8dit"``), as do
+masked calls inside CUDA-graph capture. ``return_lse=True`` also returns the log-sum-exp
+``[B, S, H]`` float32, the layout diffusers' ring attention merges.
 Context parallelism (Ulysses, ring) is declared supported, forward only: its backward raises.
 
 diffusers (0.42) has no public way to add a backend, so :func:`register` adds a member to
@@ -42,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..api import _check_scale, attention, check_recipe, select_backend
+from ..key_padding import key_padding_attention, key_padding_reason
 from ..launch import kernel_for
 
 BACKEND_NAME = "fp8dit"
@@ -109,14 +113,51 @@ def _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, sca
         _check_scale(scale, query.shape[-1])
 
 
+def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse):
+    """A masked call through FP8 where it can take it (``fp8dit.key_padding``): (result, None),
+    or (None, why not) when the mask's dtype or shape rules it out or ``auto`` prefers SDPA."""
+    if is_causal:
+        return None, "attn_mask with is_causal=True"
+    why = key_padding_reason(attn_mask, query.shape[0], key.shape[1])
+    if why is not None:
+        return None, why
+    name, why = select_backend(query, key, value, layout="NHD")
+    if name != "fp8":
+        return None, why
+    recipe = check_recipe(_recipe)
+    scale = _check_scale(scale, query.shape[-1])
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.fp8dit.attention_fp8_key_padding(
+            query, key, value, attn_mask, scale, recipe.name, return_lse)
+        reason = None  # decided inside the op; a fallback there is logged there
+    else:
+        out, lse, reason = key_padding_attention(query, key, value, attn_mask, scale=scale,
+                                                 recipe=recipe, return_lse=return_lse)
+    if _records is not None:
+        _records.append(dict(
+            backend="sdpa" if reason else "fp8", q=tuple(query.shape), k=tuple(key.shape),
+            reason=("fallback: " + reason) if reason
+            else "key-padding mask: FP8 over the kept keys",
+            recipe=None if reason else recipe.name,
+            kernel=None if reason else kernel_for(query.shape[-1], key.shape[1], False, recipe,
+                                                  query.device)))
+    if return_lse:
+        return (out, lse.transpose(1, 2).contiguous()), None
+    return out, None
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse):
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     fallback = None
-    if attn_mask is not None:
-        fallback = "attn_mask is set (the FP8 kernels take no mask)"
-    elif dropout_p:
+    if dropout_p:
         fallback = f"dropout_p={dropout_p} (the FP8 kernels are inference-only)"
+    elif attn_mask is not None:
+        res, why = _key_padding_call(query, key, value, attn_mask, is_causal, scale,
+                                     return_lse)
+        if why is None:
+            return res
+        fallback = f"attn_mask is set: {why}"
     if fallback is not None:
         if return_lse:
             raise NotImplementedError(
@@ -159,7 +200,8 @@ def fp8dit_attention(
     Parameters
     ----------
     query : Tensor ``[B, Sq, H, D]``; key, value : Tensor ``[B, Sk, Hkv, D]`` (diffusers' layout)
-    attn_mask, dropout_p : with a mask or non-zero dropout the call runs torch SDPA.
+    attn_mask, dropout_p : a boolean key-padding mask that keeps a prefix of keys runs FP8 over
+        the kept keys; any other mask, or a non-zero dropout, runs torch SDPA.
     return_lse : bool
         Also return the log-sum-exp ``[B, Sq, H]`` float32 (natural log).
 

@@ -1,0 +1,141 @@
+"""End-to-end HunyuanVideo transformer forward: torch SDPA vs fp8dit, bf16, with its text mask.
+
+diffusers' ``HunyuanVideoTransformer3DModel`` at the 13B width (24 heads x 128, mlp ratio 4,
+text 4096) with ``--dual`` dual-stream and ``--single`` single-stream blocks (the model has 20
+and 40) and seeded random weights, on 720p 129-frame latents (16x33x90x160 -> 118,800 tokens)
+and ``--text`` prompt tokens of which ``--kept`` are real. Every attention call gets the
+model's ``[B, 1, 1, S]`` boolean mask that drops the prompt's padding: fp8dit runs it FP8 over
+the kept keys (``fp8dit.key_padding``); the baselines are diffusers' ``native`` backend (SDPA
+with the mask) under each ``--sdpa`` kernel ("auto": torch's own choice for a masked call).
+Timing, memory and accuracy as ``bench_wan_forward.py`` (whose helpers this uses): the backends
+alternate call by call, the output is compared with the first baseline's eager forward.
+
+    python benchmarks/bench_hunyuan_forward.py --dual 1 --single 2 --repeats 5 --compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+from bench_wan_forward import compare_forwards, pin_backends, report
+
+CONFIG = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
+              num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
+              qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096,
+              pooled_projection_dim=768, rope_axes_dim=(16, 56, 56))
+LATENTS = {"720p": (33, 90, 160), "540p": (33, 68, 120)}  # 129 frames
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolution", choices=sorted(LATENTS), default="720p")
+    p.add_argument("--dual", type=int, default=1, help="dual-stream blocks (the model has 20)")
+    p.add_argument("--single", type=int, default=2, help="single-stream blocks (it has 40)")
+    p.add_argument("--text", type=int, default=256, help="prompt tokens, padding included")
+    p.add_argument("--kept", type=int, default=100, help="real prompt tokens (the mask keeps)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--sdpa", default="auto,cudnn",
+                   help="baseline SDPA kernels, comma-separated (auto, cudnn, efficient); the "
+                        "first is the reference and the speed-up's denominator")
+    p.add_argument("--compile", action="store_true", help="also torch.compile every model")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also capture and replay (masked calls run SDPA inside a capture)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None,
+                   help="JSON file (default results/<gpu>-hunyuan-forward.json)")
+    args = p.parse_args(argv)
+    for name in ("dual", "single", "text", "repeats"):
+        if getattr(args, name) < (0 if name in ("dual", "single") else 1):
+            p.error(f"--{name}: expected a positive integer, got {getattr(args, name)}")
+    if args.dual + args.single < 1:
+        p.error("--dual, --single: expected at least one block in all")
+    if not 1 <= args.kept <= args.text:
+        p.error(f"--kept: expected 1..--text ({args.text}), got {args.kept}")
+    args.sdpa = [s.strip() for s in args.sdpa.split(",") if s.strip()]
+    bad = [s for s in args.sdpa if s not in ("auto", "cudnn", "efficient")]
+    if bad or not args.sdpa:
+        p.error(f"--sdpa: expected kernels among auto, cudnn, efficient, got {bad or 'none'}")
+    return args
+
+
+def build_model(args, device):
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = HunyuanVideoTransformer3DModel(**CONFIG, num_layers=args.dual,
+                                               num_single_layers=args.single)
+    return model.eval().requires_grad_(False).to(torch.bfloat16)
+
+
+def forward_inputs(args, device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    text_mask = torch.zeros(1, args.text, dtype=torch.int64, device=device)
+    text_mask[:, :args.kept] = 1
+    return dict(
+        hidden_states=torch.randn((1, CONFIG["in_channels"], *LATENTS[args.resolution]),
+                                  generator=gen, device=device).to(torch.bfloat16),
+        timestep=torch.full((1,), 500, device=device, dtype=torch.int64),
+        encoder_hidden_states=torch.randn((1, args.text, CONFIG["text_embed_dim"]),
+                                          generator=gen, device=device).to(torch.bfloat16),
+        encoder_attention_mask=text_mask,
+        pooled_projections=torch.randn((1, CONFIG["pooled_projection_dim"]), generator=gen,
+                                       device=device).to(torch.bfloat16),
+        guidance=torch.full((1,), 6000.0, device=device),
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_hunyuan_forward: needs a CUDA GPU; torch sees none (nothing measured)")
+        return 2
+    import diffusers
+    import triton
+
+    import fp8dit
+
+    device = torch.device("cuda")
+    frames, height, width = LATENTS[args.resolution]
+    video = frames * (height // 2) * (width // 2)
+    gpu = torch.cuda.get_device_name(device)
+    print(f"{gpu}: HunyuanVideo transformer, {args.dual} dual + {args.single} single blocks, "
+          f"{args.resolution} ({video} video tokens + {args.text} text, {args.kept} kept), bf16; "
+          f"torch {torch.__version__}, triton {triton.__version__}, diffusers "
+          f"{diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
+    names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
+    models = {name: build_model(args, device) for name in names}
+    inputs = forward_inputs(args, device)
+    pin_backends(models)
+    model_bytes = sum(p.numel() * p.element_size() for p in models["fp8dit"].parameters())
+    modes = ["eager"] + (["compile"] if args.compile else []) + (
+        ["cuda-graph"] if args.cuda_graph else [])
+    common = dict(
+        gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model="HunyuanVideo", dual_layers=args.dual, single_layers=args.single,
+        resolution=args.resolution, tokens=video + args.text, kept_keys=video + args.kept,
+        heads=CONFIG["num_attention_heads"], head_dim=CONFIG["attention_head_dim"],
+        repeats=args.repeats, warmup=args.warmup, timing="alternating",
+    )
+    from fp8dit.integrations import diffusers as fd
+
+    with fd.record_calls() as calls:  # which backend each attention call of one forward ran
+        with torch.no_grad():
+            models["fp8dit"](**inputs, return_dict=False)
+    for c in calls:
+        print(f"  fp8dit call: {c['backend']} q {c['q']} k {c['k']}: {c['reason']}")
+    common["fp8dit_calls"] = [c["backend"] for c in calls]
+    rows = compare_forwards(models, inputs, names[0], modes, args.warmup, args.repeats, common,
+                            model_bytes)
+    return report(rows, names[0], Path(args.out) if args.out else None, "hunyuan-forward")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
