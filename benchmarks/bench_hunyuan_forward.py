@@ -39,9 +39,12 @@ def parse_args(argv=None):
     p.add_argument("--kept", type=int, default=100, help="real prompt tokens (the mask keeps)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--sdpa", default="auto,cudnn",
-                   help="baseline SDPA kernels, comma-separated (auto, cudnn, efficient); the "
-                        "first is the reference and the speed-up's denominator")
+    p.add_argument("--sdpa", default="auto,cudnn,cudnn-kept",
+                   help="baselines, comma-separated: auto, cudnn, efficient (diffusers' native "
+                        "backend, SDPA with the mask, that kernel forced; auto: torch's choice), "
+                        "cudnn-kept (cuDNN without a mask over the kept keys, "
+                        "register_kept_keys_baseline); the first is the reference and the "
+                        "speed-up's denominator")
     p.add_argument("--compile", action="store_true", help="also torch.compile every model")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also capture and replay (masked calls run SDPA inside a capture)")
@@ -57,10 +60,47 @@ def parse_args(argv=None):
     if not 1 <= args.kept <= args.text:
         p.error(f"--kept: expected 1..--text ({args.text}), got {args.kept}")
     args.sdpa = [s.strip() for s in args.sdpa.split(",") if s.strip()]
-    bad = [s for s in args.sdpa if s not in ("auto", "cudnn", "efficient")]
+    bad = [s for s in args.sdpa if s not in ("auto", "cudnn", "efficient", "cudnn-kept")]
     if bad or not args.sdpa:
-        p.error(f"--sdpa: expected kernels among auto, cudnn, efficient, got {bad or 'none'}")
+        p.error(f"--sdpa: expected baselines among auto, cudnn, efficient, cudnn-kept, got "
+                f"{bad or 'none'}")
     return args
+
+
+def register_kept_keys_baseline() -> str:
+    """A diffusers backend "sdpa_kept_keys" for the baseline a careful user could write: SDPA
+    with no mask over the keys the mask keeps (sliced; equal lengths across the batch), so
+    cuDNN's unmasked kernel runs. Registered through fp8dit's adapter internals."""
+    import torch.nn.functional as F
+
+    from fp8dit.integrations import diffusers as fd
+    from fp8dit.key_padding import key_lengths
+
+    dispatch = fd._dispatch()
+    member = fd._add_backend_name(dispatch.AttentionBackendName, "sdpa_kept_keys",
+                                  "SDPA_KEPT_KEYS")
+
+    # Not traced: dynamo would guard on the mask's identity (fp8dit's cache is keyed by it) and
+    # recompile at every forward's new mask (run s15-2 hit the recompile limit so).
+    @torch.compiler.disable
+    def kept(attn_mask, batch: int, sk: int) -> int:
+        lens, why = key_lengths(attn_mask, batch, sk)
+        if lens is None or len(set(lens)) != 1:
+            raise ValueError(f"sdpa_kept_keys: needs one key length per batch ({why})")
+        return lens[0]
+
+    def sdpa_kept_keys(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                       scale=None, enable_gqa=False, return_lse=False, _parallel_config=None):
+        n = key.shape[1]
+        if attn_mask is not None:
+            n = kept(attn_mask, query.shape[0], key.shape[1])
+        q, k, v = (t.transpose(1, 2) for t in (query, key[:, :n], value[:, :n]))
+        return F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2)
+
+    registry = dispatch._AttentionBackendRegistry
+    if member not in registry._backends:
+        registry.register(member, constraints=[])(sdpa_kept_keys)
+    return member.value
 
 
 def build_model(args, device):
@@ -99,6 +139,7 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
+    from fp8dit.bench import _git_commit
 
     device = torch.device("cuda")
     frames, height, width = LATENTS[args.resolution]
@@ -111,13 +152,15 @@ def main(argv=None) -> int:
     names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
     models = {name: build_model(args, device) for name in names}
     inputs = forward_inputs(args, device)
-    pin_backends(models)
+    kept = {"sdpa-cudnn-kept": register_kept_keys_baseline()} if "cudnn-kept" in args.sdpa \
+        else {}
+    pin_backends(models, kept)
     model_bytes = sum(p.numel() * p.element_size() for p in models["fp8dit"].parameters())
     modes = ["eager"] + (["compile"] if args.compile else []) + (
         ["cuda-graph"] if args.cuda_graph else [])
     common = dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__,
+        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__, commit=_git_commit(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model="HunyuanVideo", dual_layers=args.dual, single_layers=args.single,
         resolution=args.resolution, tokens=video + args.text, kept_keys=video + args.kept,

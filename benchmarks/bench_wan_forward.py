@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
+    from fp8dit.bench import _git_commit
     from fp8dit.demo import PRESETS, build_model
 
     device = torch.device("cuda")
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
         ["cuda-graph"] if args.cuda_graph else [])
     common = dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__,
+        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__, commit=_git_commit(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
         heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
@@ -194,21 +195,22 @@ def main(argv=None) -> int:
     return report(rows, baseline, Path(args.out) if args.out else None, "wan-forward")
 
 
-def pin_backends(models: dict) -> None:
+def pin_backends(models: dict, layer_backends: dict | None = None) -> None:
     """The attention layers of ``models["fp8dit"]`` on fp8dit, every other model's (the
-    ``sdpa-<kernel>`` baselines) on diffusers' "native"."""
+    ``sdpa-<kernel>`` baselines) on diffusers' "native" or ``layer_backends[name]``."""
     from fp8dit.integrations import diffusers as fd
 
     fd.register()
     # diffusers' set_attention_backend also sets the process-wide active backend, which layers
     # without their own follow: the baselines' layers are pinned to "native" explicitly, and
     # checked, or every model would run fp8dit (as a first version of this script did).
+    layer_backends = dict(layer_backends or {}, fp8dit="fp8dit")
     for name, model in models.items():
         if name != "fp8dit":
-            model.set_attention_backend("native")
+            model.set_attention_backend(layer_backends.get(name, "native"))
     fd.enable(models["fp8dit"])
     for name in models:
-        want = "fp8dit" if name == "fp8dit" else "native"
+        want = layer_backends.get(name, "native")
         got = set(fd.layer_backends(models[name]).values())
         if got != {want}:
             raise RuntimeError(f"the {name} model's attention layers run {sorted(got)}, "
@@ -230,7 +232,8 @@ def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: i
         def call():
             if name == "fp8dit":
                 return fn(**inputs, return_dict=False)[0]
-            with sdpa_context(name.removeprefix("sdpa-")):
+            # "sdpa-<kernel>[-variant]": the variant is the layers' backend (pin_backends)
+            with sdpa_context(name.removeprefix("sdpa-").split("-")[0]):
                 return fn(**inputs, return_dict=False)[0]
         return call
 

@@ -23,7 +23,15 @@ from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-pytestmark = pytest.mark.usefixtures("diffusers_state")
+pytestmark = pytest.mark.usefixtures("diffusers_state", "fp8_at_any_length")
+
+
+@pytest.fixture
+def fp8_at_any_length(monkeypatch):
+    """On a GPU, ``auto`` sends these tests' short sequences to SDPA (``dispatch.FP8_MIN_TOKENS``):
+    FP8DIT_BACKEND=fp8 makes the adapter's ``auto`` run them FP8, as the interpreter does."""
+    if DEVICE == "cuda":
+        monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
 
 
 
@@ -257,12 +265,14 @@ def test_env_var_selects_fp8dit():
         "import torch, fp8dit.integrations.diffusers as fd\n"
         "from diffusers.models.attention_dispatch import dispatch_attention_fn, "
         "_AttentionBackendRegistry as R\n"
-        "q = torch.randn(1, 64, 2, 64).bfloat16()\n"
+        f"q = torch.randn(1, 64, 2, 64, device={DEVICE!r}).bfloat16()\n"
         "with fd.record_calls() as calls:\n"
         "    dispatch_attention_fn(q, q, q)\n"
         "print(R.get_active_backend()[0].value, calls[0]['backend'])\n"
     )
-    env = dict(os.environ, DIFFUSERS_ATTN_BACKEND="fp8dit", TRITON_INTERPRET="1")
+    env = dict(os.environ, DIFFUSERS_ATTN_BACKEND="fp8dit")
+    if DEVICE == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

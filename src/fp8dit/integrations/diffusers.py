@@ -359,19 +359,20 @@ def diffusers_internals_problems(dispatch=None) -> list[str]:
     return problems
 
 
-def _add_backend_name(names):
-    """Add FP8DIT = "fp8dit" to the AttentionBackendName enum (idempotent)."""
-    member = names._value2member_map_.get(BACKEND_NAME)
+def _add_backend_name(names, value: str = BACKEND_NAME, member_name: str = _MEMBER_NAME):
+    """Add FP8DIT = "fp8dit" (or ``member_name = value``: benchmarks register baselines) to the
+    AttentionBackendName enum (idempotent)."""
+    member = names._value2member_map_.get(value)
     if member is not None:
         return member
-    member = str.__new__(names, BACKEND_NAME)
-    member._name_ = _MEMBER_NAME
-    member._value_ = BACKEND_NAME
+    member = str.__new__(names, value)
+    member._name_ = member_name
+    member._value_ = value
     member.__objclass__ = names
-    names._member_names_.append(_MEMBER_NAME)
-    names._member_map_[_MEMBER_NAME] = member
-    names._value2member_map_[BACKEND_NAME] = member
-    type.__setattr__(names, _MEMBER_NAME, member)  # EnumType.__setattr__ guards members
+    names._member_names_.append(member_name)
+    names._member_map_[member_name] = member
+    names._value2member_map_[value] = member
+    type.__setattr__(names, member_name, member)  # EnumType.__setattr__ guards members
     return member
 
 
