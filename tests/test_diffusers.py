@@ -187,6 +187,7 @@ def _qkv(B, Sq, Sk, H, D, seed=0):
 
 def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
     monkeypatch.setattr(fd, "_logged", set())
+    monkeypatch.setattr("fp8dit.dispatch._logged", set())  # fp8dit.key_padding logs there
     q, k, v = _qkv(2, 64, 48, 2, 64)
     mask = torch.zeros(2, 48, dtype=torch.bool, device=DEVICE)
     mask[:, :20] = True  # keys 20.. are padding, and key 3 is dropped too: no key padding
