@@ -76,6 +76,51 @@ def test_fuzz_varlen(lens, H, D, causal, seed):
         assert (lse.double()[finite] - ref_lse[finite]).abs().max() <= 0.05
 
 
+@FUZZ
+@given(
+    Sq=st.integers(1, 300),
+    Sk=st.integers(1, 300),
+    data=st.data(),
+    Hkv=st.integers(1, 2),
+    group=st.sampled_from([1, 3]),
+    D=st.sampled_from([64, 72, 128]),
+    splits=st.sampled_from([None, 2]),
+    layout=st.sampled_from(["NHD", "HND"]),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz_dense_key_lengths(Sq, Sk, data, Hkv, group, D, splits, layout, seed):
+    """The dense launcher over a prefix of each sequence's keys (key-padding masks,
+    ``fp8dit.key_padding``); the dropped keys hold NaN, which must never reach the output."""
+    from fp8dit.launch import fp8_attention_fwd
+    from fp8dit.recipes import get_recipe
+
+    lens = data.draw(st.lists(st.integers(0, Sk), min_size=1, max_size=3), label="k_lens")
+    B, H = len(lens), Hkv * group
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(B, Sq, H, D, generator=g, device=DEVICE).bfloat16()
+    k = torch.randn(B, Sk, Hkv, D, generator=g, device=DEVICE).bfloat16()
+    v = torch.randn(B, Sk, Hkv, D, generator=g, device=DEVICE).bfloat16()
+    kg, vg = k.clone(), v.clone()
+    for b, n in enumerate(lens):
+        kg[b, n:] = float("nan")
+        vg[b, n:] = float("nan")
+    args = [t if layout == "NHD" else t.transpose(1, 2) for t in (q, kg, vg)]
+    out, lse = fp8_attention_fwd(*args, layout=layout, scale=D ** -0.5, is_causal=False,
+                                 recipe=get_recipe(None), num_splits=splits, k_lens=lens)
+    if layout == "HND":
+        out = out.transpose(1, 2)
+    assert torch.isfinite(out.float()).all()
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert out[b].abs().max() == 0 and torch.isneginf(lse[b]).all()
+            continue
+        ref, ref_lse = attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
+                                     return_lse=True)
+        s = error_stats(out[b:b + 1], ref)
+        assert s.rel_l1 <= REL_L1_MAX and s.cos >= COS_MIN, (b, n, s)
+        assert (lse[b:b + 1].double() - ref_lse).abs().max() <= 0.05
+
+
 @pytest.mark.parametrize("D", [256, 200])
 def test_large_head_dims(D):
     g = torch.Generator(device=DEVICE).manual_seed(D)
