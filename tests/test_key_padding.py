@@ -92,6 +92,19 @@ def test_key_lengths_cache_follows_in_place_changes(monkeypatch):
     assert len(kp._cache) <= kp._CACHE_SIZE
 
 
+def test_key_lengths_from_many_threads():
+    import concurrent.futures
+
+    masks = [_prefix_mask([1 + i % 11, 12], 12) for i in range(40)]
+
+    def read(i):
+        return kp.key_lengths(masks[i], 2, 12)[0] == (1 + i % 11, 12)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(read, [i % 40 for i in range(400)]))
+    assert len(kp._cache) <= kp._CACHE_SIZE
+
+
 # ---------------------------------------------------------------------------------------------
 # The FP8 path over the kept keys
 # ---------------------------------------------------------------------------------------------

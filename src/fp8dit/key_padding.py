@@ -18,6 +18,7 @@ could not see a changed mask.
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -31,6 +32,7 @@ from .sdpa import sdpa_attention
 # model passes one mask to all its layers, so a few entries cover a forward.
 _CACHE_SIZE = 8
 _cache: dict[int, tuple[weakref.ref, int, tuple]] = {}
+_lock = threading.Lock()  # threads may share a model (the plan cache is thread-safe too)
 
 
 def _key_rows(mask: torch.Tensor, batch: int, sk: int):
@@ -78,16 +80,18 @@ def key_lengths(mask: torch.Tensor, batch: int, sk: int) -> tuple:
         return None, ("CUDA-graph capture: the mask's key lengths must be read on the host, "
                       "and a replay would not see a changed mask")
     tracked = not mask.is_inference()  # inference tensors have no version counter
-    hit = _cache.get(id(mask)) if tracked else None
+    with _lock:
+        hit = _cache.get(id(mask)) if tracked else None
     if hit is not None and hit[0]() is mask and hit[1] == mask._version:
         lens, reason = hit[2]
     else:
         lens, reason = result = _read_lengths(_key_rows(mask, batch, sk))
         if tracked:
-            _cache.pop(id(mask), None)
-            if len(_cache) >= _CACHE_SIZE:
-                _cache.pop(next(iter(_cache)))
-            _cache[id(mask)] = (weakref.ref(mask), mask._version, result)
+            with _lock:
+                _cache.pop(id(mask), None)
+                if len(_cache) >= _CACHE_SIZE:
+                    _cache.pop(next(iter(_cache)))
+                _cache[id(mask)] = (weakref.ref(mask), mask._version, result)
     if lens is not None and len(lens) == 1 and batch > 1:  # one row for the whole batch
         lens = lens * batch
     return lens, reason
