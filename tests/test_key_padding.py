@@ -239,7 +239,7 @@ TINY_HUNYUAN = dict(in_channels=4, out_channels=4, num_attention_heads=2, attent
                     text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(16, 24, 24))
 
 
-def test_tiny_hunyuan_video_runs_fp8_over_its_key_padding(registered):
+def _tiny_hunyuan():
     torch.manual_seed(0)
     model = diffusers.HunyuanVideoTransformer3DModel(**TINY_HUNYUAN).to(DEVICE).eval()
     model = model.requires_grad_(False).to(torch.bfloat16)
@@ -254,6 +254,11 @@ def test_tiny_hunyuan_video_runs_fp8_over_its_key_padding(registered):
         pooled_projections=torch.randn(1, 16, generator=gen, device=DEVICE).bfloat16(),
         guidance=torch.tensor([6000.0], device=DEVICE),
     )
+    return model, inputs
+
+
+def test_tiny_hunyuan_video_runs_fp8_over_its_key_padding(registered):
+    model, inputs = _tiny_hunyuan()
     fd.disable(model)
     ref = _forward(model, inputs)
     fd.enable(model)
@@ -300,3 +305,39 @@ def test_warp_specialized_kernel_over_kept_keys_on_the_gpu():
         stats = error_stats(out[b, rows], ref)
         assert not stats.nan and stats.cos >= 0.999 and stats.rel_l1 <= 0.04, (b, str(stats))
         assert (lse[b][:, rows].double() - ref_lse).abs().max().item() < 0.03
+
+
+def test_capture_saves_hunyuan_calls_as_their_kept_keys(registered, tmp_path, capsys):
+    """HunyuanVideo's masked calls are captured as the keys its mask keeps (the same attention),
+    so `fp8dit check --inputs` and the quality guard's measurements work on that model."""
+    import argparse
+
+    from fp8dit import check
+    from fp8dit.capture import capture_qkv
+    from fp8dit.guard import measure_captured
+
+    model, inputs = _tiny_hunyuan()
+    fd.enable(model)
+    try:
+        with capture_qkv(model, tmp_path, max_calls=1) as cap:
+            _forward(model, inputs)
+        mask = torch.ones(2, 1, 1, 152, dtype=torch.bool, device=DEVICE)
+        mask[1, ..., 150:] = False  # two key lengths in one batch: not one file's attention
+        q, k, v = _qkv(2, 152, 152, 2, 64, seed=9)
+        with capture_qkv(model, tmp_path / "uneven", layers=["transformer_blocks.0.attn"]) as un:
+            un._stack.append("transformer_blocks.0.attn")
+            un._maybe_save(dict(query=q, key=k, value=v, attn_mask=mask))
+    finally:
+        fd.disable(model)
+    assert not un.files and "differ across the batch" in un.skipped[0], un.skipped
+    assert len(cap.files) == 2 and not cap.skipped, (cap.files, cap.skipped)
+    for path in cap.files:
+        saved = torch.load(path, weights_only=True)
+        assert saved["key_padding"] and saved["kv_len"] == 145 and saved["q_len"] == 152
+        assert saved["k"].shape == (1, 145, 2, 64) and saved["q"].shape == (1, 152, 2, 64)
+    p = argparse.ArgumentParser()
+    check.add_arguments(p)
+    rc = check.run(p.parse_args(["--inputs", str(cap.files[0]), "--recipes", "int8qk-fp8pv"]))
+    assert rc == 0, capsys.readouterr().out
+    rows = measure_captured(tmp_path, "int8qk-fp8pv")
+    assert len(rows) == 2 and all(0 < r["rel_l1"] < 0.1 and not r["nan"] for r in rows), rows

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from .key_padding import key_lengths, key_padding_reason
+
 __all__ = ["Capture", "attention_layer_outputs", "capture_qkv"]
 
 logger = logging.getLogger("fp8dit")
@@ -176,15 +178,27 @@ class Capture:
             return
         if self.steps is not None and step not in self.steps:
             return
-        if kw.get("attn_mask") is not None:
-            # fp8dit check has no masks: the file would measure a different attention.
-            self.skipped.append(f"{layer} step {step}: attn_mask is set")
-            return
+        q, k, v = kw["query"], kw["key"], kw["value"]
+        mask, kept = kw.get("attn_mask"), None
+        if mask is not None:
+            # fp8dit check takes no mask: a key-padding mask (HunyuanVideo's) is saved as the
+            # keys it keeps, which is the same attention; any other would measure another one.
+            why = (key_padding_reason(mask, q.shape[0], k.shape[1])
+                   if isinstance(mask, torch.Tensor) else "attn_mask is no tensor")
+            lens = None
+            if why is None:
+                lens, why = key_lengths(mask, q.shape[0], k.shape[1])
+            if lens is not None and len(set(lens)) > 1:
+                lens, why = None, f"its key lengths differ across the batch ({list(lens)})"
+            if lens is None:
+                self.skipped.append(f"{layer} step {step}: attn_mask is set ({why})")
+                return
+            kept = lens[0]
+            k, v = k[:, :kept], v[:, :kept]
         n = self._calls.get((layer, step), 0)
         if self.max_calls is not None and n >= self.max_calls:
             return
         self._calls[(layer, step)] = n + 1
-        q, k, v = kw["query"], kw["key"], kw["value"]
         rows_q = _even_rows(q.shape[1], self.max_q_tokens, q.device)
         rows_kv = _even_rows(k.shape[1], self.max_kv_tokens, k.device)
         with torch.no_grad():
@@ -197,7 +211,9 @@ class Capture:
         torch.save({
             "q": q, "k": k, "v": v, "layout": "NHD", "layer": layer, "step": step, "call": n,
             "scale": kw.get("scale"), "is_causal": bool(kw.get("is_causal", False)),
-            "q_len": int(kw["query"].shape[1]), "kv_len": int(kw["key"].shape[1]),
+            "q_len": int(kw["query"].shape[1]),
+            "kv_len": int(kw["key"].shape[1] if kept is None else kept),
+            "key_padding": kept is not None,  # the keys a key-padding mask kept (sliced)
             "context_parallel": kw.get("_parallel_config") is not None,
         }, path)
         self.files.append(path)
@@ -228,7 +244,9 @@ def capture_qkv(pipe_or_model, out_dir, *, layers=None, steps=None,
     Returns
     -------
     Capture, whose ``files`` lists the written paths and ``skipped`` the calls left out (an
-    ``attn_mask``, which ``fp8dit check`` cannot apply). Files saved from a context-parallel
+    ``attn_mask`` other than key padding, which ``fp8dit check`` cannot apply; a key-padding
+    mask that keeps the same prefix of keys in the whole batch, HunyuanVideo's, is saved as
+    the kept keys, ``"key_padding": True``). Files saved from a context-parallel
     run hold each rank's local shard (``"context_parallel": True``).
     """
     return Capture(pipe_or_model, out_dir, layers=layers, steps=steps,
