@@ -160,6 +160,47 @@ def test_key_padding_attention_fp8_and_fallback(caplog, monkeypatch):
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
 
 
+def test_lengths_kept_on_the_device_as_under_capture(monkeypatch):
+    """What a CUDA-graph capture runs (emulated: ``_capturing`` forced): the plan for all keys,
+    the lengths read by the kernels from the device, so a replay follows the mask's values.
+    Lengths far under the plan's leave whole kv blocks and split pieces without a key."""
+    B, Sq, Sk, H, D = 3, 70, 300, 2, 64
+    q, k, v = _qkv(B, Sq, Sk, H, D, seed=21)
+    recipe = get_recipe(None)
+    first = _prefix_mask([300, 200, 100], Sk)
+    kp.key_padding_attention(q, k, v, first, scale=0.125, recipe=recipe, return_lse=False,
+                             num_splits=3)  # eager: reads the mask, marks its shape as a prefix
+    monkeypatch.setattr(kp, "_capturing", lambda mask: True)
+    monkeypatch.setattr(kp, "_read_lengths", lambda rows: pytest.fail("read on the host"))
+    lens = [20, 299, 1]
+    kg, vg = k.clone(), v.clone()
+    for b, n in enumerate(lens):
+        kg[b, n:] = float("nan")
+        vg[b, n:] = float("inf")
+    out, lse, reason = kp.key_padding_attention(q, kg, vg, _prefix_mask(lens, Sk), scale=0.125,
+                                                recipe=recipe, return_lse=True, num_splits=3)
+    assert reason is None
+    for b, n in enumerate(lens):
+        ref, ref_lse = attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale=0.125,
+                                     return_lse=True)
+        stats = error_stats(out[b:b + 1], ref)
+        assert not stats.nan and stats.cos >= 0.999 and stats.rel_l1 <= 0.04, (b, str(stats))
+        assert (lse[b:b + 1].double() - ref_lse).abs().max().item() < 0.03
+    # a replayed mask with a hole, or keeping nothing: NaN for that sequence only
+    bad = _prefix_mask([50, 60, 0], Sk).clone()
+    bad[0, ..., 10] = False
+    out, lse, _ = kp.key_padding_attention(q, k, v, bad, scale=0.125, recipe=recipe,
+                                           return_lse=True)
+    assert out[0].isnan().all() and out[2].isnan().all() and lse[0].isnan().all()
+    ref = attention_ref(q[1:2], k[1:2, :60], v[1:2, :60], scale=0.125)
+    assert error_stats(out[1:2], ref).cos >= 0.999
+    # a mask shape no eager call read as a prefix: SDPA with the mask under capture too
+    other = _prefix_mask([5, 6, 7], Sk)[:, :, :, :-1]
+    _, _, reason = kp.key_padding_attention(q, k[:, :-1], v[:, :-1], other, scale=0.125,
+                                            recipe=recipe, return_lse=False)
+    assert "CUDA-graph capture" in reason
+
+
 # ---------------------------------------------------------------------------------------------
 # diffusers: the backend's masked calls, and a tiny HunyuanVideo
 # ---------------------------------------------------------------------------------------------
@@ -341,3 +382,43 @@ def test_capture_saves_hunyuan_calls_as_their_kept_keys(registered, tmp_path, ca
     assert rc == 0, capsys.readouterr().out
     rows = measure_captured(tmp_path, "int8qk-fp8pv")
     assert len(rows) == 2 and all(0 < r["rel_l1"] < 0.1 and not r["nan"] for r in rows), rows
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_follow_the_mask():
+    """A captured masked call (the warp-specialized kernel on an H200) replayed after the mask
+    changed in place: each replay attends to the keys the mask keeps then."""
+    from fp8dit.testing import attention_ref_rows
+
+    S, H, D = 9216 + 256, 8, 128
+    q, k, v = _qkv(1, S, S, H, D, seed=12)
+    mask = _prefix_mask([9216 + 100], S).clone()  # the graph's static input
+    recipe = get_recipe(None)
+
+    def call():
+        return kp.key_padding_attention(q, k, v, mask, scale=D ** -0.5, recipe=recipe,
+                                        return_lse=False)[0]
+
+    eager = call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    rows = torch.arange(0, S, 89, device=DEVICE)
+    for n in (9216 + 100, 9216 + 3, S, 5000):
+        mask.copy_(_prefix_mask([n], S))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = attention_ref_rows(q, k[:, :n], v[:, :n], rows)
+        stats = error_stats(out[0, rows], ref)
+        assert not stats.nan and stats.cos >= 0.999 and stats.rel_l1 <= 0.04, (n, str(stats))
+        if n == 9216 + 100:  # the eager call's lengths: the same attention
+            assert error_stats(out, eager).cos >= 0.9999
+    mask[0, ..., 7] = False  # no prefix any more: NaN, not a wrong answer
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.isnan().all()

@@ -11,9 +11,16 @@ once per mask tensor (a model builds its mask once per forward and passes it to 
 and cached while the tensor lives and is not modified in place (its version counter). Inference
 tensors have no version counter, so theirs are read on every call. Everything else goes to
 SDPA with the mask, with the reason: masks that are not a prefix of keys (holes, per-query or
-per-head masks), float (additive) masks, a sequence with no key kept (SDPA's own result for
-it), and calls during CUDA-graph capture, where the host cannot read the mask and a replay
-could not see a changed mask.
+per-head masks), float (additive) masks, and a sequence with no key kept (SDPA's own result
+for it).
+
+Inside CUDA-graph capture the host cannot read the mask, and a replay must follow the mask's
+values then (a new prompt keeps other tokens). There the lengths stay on the device: torch ops
+take each row's first dropped key, the kernels read it from a copy of the plan's table, and the
+plan is the one for all keys (built by the eager calls before capture). That needs a mask whose
+shape the eager calls saw as a prefix; a replayed mask that is no prefix, or that drops every
+key of a sequence, turns that sequence's output to NaN (loud, not a wrong answer). Masks of a
+shape not seen as a prefix run SDPA with the mask under capture.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import weakref
 import torch
 
 from .dispatch import _log_once
-from .launch import fp8_attention_fwd
+from .launch import fp8_attention_fwd, plan_for
 from .recipes import Recipe
 from .sdpa import sdpa_attention
 
@@ -33,6 +40,9 @@ from .sdpa import sdpa_attention
 _CACHE_SIZE = 8
 _cache: dict[int, tuple[weakref.ref, int, tuple]] = {}
 _lock = threading.Lock()  # threads may share a model (the plan cache is thread-safe too)
+# (mask shape, device) of masks an eager call read as a prefix of keys: under capture these
+# keep their lengths on the device; a read that found another pattern takes the shape out.
+_prefix_shapes: set[tuple] = set()
 
 
 def _key_rows(mask: torch.Tensor, batch: int, sk: int):
@@ -76,9 +86,9 @@ def key_lengths(mask: torch.Tensor, batch: int, sk: int) -> tuple:
     reason = key_padding_reason(mask, batch, sk)
     if reason is not None:
         return None, reason
-    if mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None, ("CUDA-graph capture: the mask's key lengths must be read on the host, "
-                      "and a replay would not see a changed mask")
+    if _capturing(mask):
+        return None, ("CUDA-graph capture of a mask not seen as key padding before (the key "
+                      "lengths stay on the device only for shapes an eager call read)")
     tracked = not mask.is_inference()  # inference tensors have no version counter
     with _lock:
         hit = _cache.get(id(mask)) if tracked else None
@@ -92,9 +102,27 @@ def key_lengths(mask: torch.Tensor, batch: int, sk: int) -> tuple:
                 if len(_cache) >= _CACHE_SIZE:
                     _cache.pop(next(iter(_cache)))
                 _cache[id(mask)] = (weakref.ref(mask), mask._version, result)
+    with _lock:
+        (_prefix_shapes.add if lens is not None else _prefix_shapes.discard)(
+            (tuple(mask.shape), str(mask.device)))
     if lens is not None and len(lens) == 1 and batch > 1:  # one row for the whole batch
         lens = lens * batch
     return lens, reason
+
+
+def _capturing(mask: torch.Tensor) -> bool:
+    return mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def device_key_lengths(mask: torch.Tensor, batch: int, sk: int):
+    """(int32 [B] lengths, bool [B] bad) of a key-padding-shaped mask, on its device, nothing
+    read on the host: each row's first dropped key (``sk`` when none), and whether the row is
+    no prefix or keeps no key."""
+    rows = _key_rows(mask, batch, sk).expand(batch, sk)
+    cols = torch.arange(sk, device=mask.device, dtype=torch.int32)
+    first_dropped = torch.where(rows, sk, cols[None, :]).amin(-1)
+    kept = rows.sum(-1, dtype=torch.int32)
+    return first_dropped.to(torch.int32), (kept != first_dropped) | (kept == 0)
 
 
 def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return_lse: bool,
@@ -107,6 +135,15 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
     (logger ``"fp8dit"``).
     """
     B, Sk = q.shape[0], k.shape[1]
+    if (_capturing(mask) and key_padding_reason(mask, B, Sk) is None
+            and (tuple(mask.shape), str(mask.device)) in _prefix_shapes):
+        dev_lens, bad = device_key_lengths(mask, B, Sk)
+        out, lse = fp8_attention_fwd(q, k, v, layout="NHD", scale=scale, is_causal=False,
+                                     recipe=recipe, num_splits=num_splits,
+                                     device_k_lens=dev_lens.clamp_(min=1))
+        out.masked_fill_(bad.view(B, 1, 1, 1), float("nan"))
+        lse.masked_fill_(bad.view(B, 1, 1), float("nan"))
+        return out, (lse if return_lse else None), None
     lens, reason = key_lengths(mask, B, Sk)
     if lens is None:
         _log_once(f"fp8dit: torch SDPA instead of FP8 for a masked call: {reason}")
@@ -115,7 +152,18 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         out, lse = sdpa_attention(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                   return_lse=return_lse, attn_mask=mask)
         return out, lse, reason
+    if q.device.type == "cuda":  # the plan a capture of this call would run (all keys)
+        _prepare_capture(q, k, Sk, recipe, num_splits)
     out, lse = fp8_attention_fwd(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                  recipe=recipe, num_splits=num_splits,
                                  k_lens=None if min(lens) == Sk else lens)
     return out, (lse if return_lse else None), None
+
+
+def _prepare_capture(q, k, sk: int, recipe: Recipe, num_splits) -> None:
+    """Build and upload the all-keys plan now: capture cannot (``Plan.tables``)."""
+    B, _, H, D = q.shape
+    plan, _ = plan_for([q.shape[1]] * B, [sk] * B, varlen=False, num_heads=H,
+                       num_kv_heads=k.shape[2], head_dim=D, is_causal=False, device=q.device,
+                       num_splits=num_splits, recipe=recipe)
+    plan.tables(q.device)

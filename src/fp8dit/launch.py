@@ -20,6 +20,8 @@ from . import env
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import (
     N_STATS,
+    SEQ_FIELDS,
+    SEQ_K_LEN,
     abs_max_finalize_kernel,
     kv_channel_stats_kernel,
     kv_stats_finalize_kernel,
@@ -322,8 +324,10 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
 
 
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
-                   q, q_strides, k, k_strides, v, v_strides, kv_perm16: bool = False) -> Workspace:
-    """Fused quantization of Q, K, V (three launches) into a plan-sized workspace."""
+                   q, q_strides, k, k_strides, v, v_strides, kv_perm16: bool = False,
+                   tabs: dict | None = None) -> Workspace:
+    """Fused quantization of Q, K, V (three launches) into a plan-sized workspace. ``tabs``:
+    the plan's device tables, or a call's copy (``device_k_lens``)."""
     key = plan.key
     dev = q.device
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
@@ -332,7 +336,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     qk_int8 = recipe.qk == "int8"
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
-    tabs = plan.tables(dev)
+    tabs = tabs or plan.tables(dev)
     rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
     qk_dtype = torch.int8 if qk_int8 else FP8
@@ -498,10 +502,11 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
 
 
 def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
-                    out, out_strides, lse, lse_strides, sm90: str | None = None) -> None:
+                    out, out_strides, lse, lse_strides, sm90: str | None = None,
+                    tabs: dict | None = None) -> None:
     """Persistent attention over the plan's work list, then the split-KV merge."""
     key = plan.key
-    tabs = plan.tables(out.device)
+    tabs = tabs or plan.tables(out.device)
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     if plan.n_work and sm90:
@@ -560,15 +565,28 @@ def _num_stages(cfg: dict, ws: Workspace) -> int:
 def launch_fp8_attention(
     plan: Plan, cfg: dict, recipe: Recipe, scale: float,
     q, q_strides, k, k_strides, v, v_strides,
-    out, out_strides, lse, lse_strides,
+    out, out_strides, lse, lse_strides, device_k_lens: torch.Tensor | None = None,
 ) -> None:
-    """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim)."""
+    """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim).
+
+    ``device_k_lens``: an int32 [B] tensor of key lengths, each at most the plan's, read by the
+    kernels on the device (a copy of the plan's ``seq`` table with them): nothing is read on the
+    host, so a CUDA graph can replay the call with other lengths. Keys between a sequence's
+    length and the plan's are quantized as zeros with a unit scale and masked by the kernels
+    (a kv block or split piece with no key left gives an empty partial, as causal ones can)."""
+    tabs = None
+    if device_k_lens is not None:
+        tabs = dict(plan.tables(q.device))
+        seq = tabs["seq"].view(-1, SEQ_FIELDS).clone()
+        seq[:, SEQ_K_LEN] = device_k_lens.to(device=seq.device, dtype=seq.dtype)
+        tabs["seq"] = seq.view(-1)
     # Triton launches on the current CUDA device, not on the tensors' one.
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         sm90 = use_gluon_sm90(plan, recipe, q.device, cfg.get("kernel"))
         ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
-                            kv_perm16=sm90 is not None)
-        attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90)
+                            kv_perm16=sm90 is not None, tabs=tabs)
+        attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90,
+                        tabs=tabs)
 
 
 def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
@@ -582,14 +600,16 @@ def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 
 def fp8_attention_fwd(
     q, k, v, *, layout: str, scale: float, is_causal: bool, recipe: Recipe,
-    num_splits: int | None = None, k_lens=None,
+    num_splits: int | None = None, k_lens=None, device_k_lens: torch.Tensor | None = None,
 ):
     """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32).
 
     ``k_lens``: keys each sequence attends to, a prefix of its ``Sk`` (a key-padding mask that
     keeps the first ``k_lens[b]`` keys, ``fp8dit.key_padding``); None: all. The plan carries the
     lengths, so the kernels never read the keys past them; a sequence with none gets zeros and
-    lse -inf."""
+    lse -inf. ``device_k_lens``: the same as an int32 [B] device tensor, each in [1, Sk], that
+    the host never reads (CUDA-graph capture): the plan is the one for all ``Sk`` keys, built
+    beforehand (:func:`launch_fp8_attention`)."""
     if layout == "NHD":
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -612,10 +632,13 @@ def fp8_attention_fwd(
     if plan.needs_zero_fill:
         out.zero_()
         lse.fill_(-math.inf)
+    if device_k_lens is not None and (is_causal or k_lens != [Sk] * B):
+        raise ValueError("device_k_lens: expected a non-causal call without k_lens")
     launch_fp8_attention(
         plan, cfg, recipe, scale,
         q, _bthd_strides(q, layout), k, _bthd_strides(k, layout), v, _bthd_strides(v, layout),
         out, _bthd_strides(out, layout), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
+        device_k_lens=device_k_lens,
     )
     return out, lse
 

@@ -163,8 +163,8 @@ def build_plan(key: PlanKey) -> Plan:
     seq = np.zeros((B, SEQ_FIELDS), dtype=np.int64)
     q_src = k_src = q_pad = k_pad = 0
     for b, (lq, lk) in enumerate(zip(key.q_lens, key.k_lens)):
-        seq[b, :7] = (lq, lk, q_src if key.varlen else 0, k_src if key.varlen else 0,
-                      q_pad, k_pad, k_pad // BN)
+        seq[b, :8] = (lq, lk, q_src if key.varlen else 0, k_src if key.varlen else 0,
+                      q_pad, k_pad, k_pad // BN, lk)
         q_src += lq
         k_src += lk
         q_pad += _cdiv(lq, BM) * BM

@@ -42,6 +42,10 @@ SEQ_K_SRC = 3
 SEQ_Q_PAD = 4  # first row of the sequence in the padded internal q buffer
 SEQ_K_PAD = 5
 SEQ_K_BLK = 6  # first kv block of the sequence (index into the per-block K scales)
+# the plan's key length: SEQ_K_LEN's unless a call's copy of the table holds shorter lengths
+# that only the device knows (launch.launch_fp8_attention(device_k_lens)); the blocks between
+# the two are quantized as zeros
+SEQ_K_PLAN = 7
 SEQ_FIELDS = 8
 
 # Scales never drop below this amax: keeps products of scales normal in fp32, so a masked
@@ -281,9 +285,13 @@ def quantize_kv_kernel(
     # it offsets, is not vectorized (sm_90 SASS of triton 3.6: 32 byte stores per thread)
     k_pad = tl.multiple_of(tl.load(seq_ptr + b * 8 + 5), 16)
     k_blk = tl.load(seq_ptr + b * 8 + 6)
+    k_plan = tl.load(seq_ptr + b * 8 + 7)
     # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
-    # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN.
-    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N) < k_len:
+    # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN. So are
+    # the blocks between the call's key length and the plan's (SEQ_K_PLAN), which the
+    # attention kernel visits masked.
+    blk_start = (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N)
+    if blk_start < k_plan:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
         stat = (b * Hkv + h) * DP + offs_d
@@ -337,6 +345,10 @@ def quantize_kv_kernel(
             n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
             k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+            # a block past the call's keys: its statistics were never written; a unit scale
+            # keeps its (masked) scores finite
+            n_bad = tl.where(blk_start < k_len, n_bad, 0)
+            k_scale = tl.where(blk_start < k_len, k_scale, 1.0)
         else:
             k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
