@@ -20,9 +20,9 @@ dispatcher. Cross-attention to short keys (Wan: 512 text tokens) runs SDPA: its 
 length (off CUDA there is no floor, and the tiny-Wan test runs those layers FP8). A boolean
 key-padding ``attn_mask`` that keeps a prefix of keys (HunyuanVideo's ``[B, 1, 1, S]`` mask,
 which drops the prompt's padding) runs FP8 over the kept keys (:mod:`fp8dit.key_padding`: the
-lengths are read on the host once per mask tensor). Any other mask, a masked causal call, or a
-non-zero ``dropout_p`` goes to torch SDPA (reason logged once on logger ``"fp8dit"``), as do
-masked calls inside CUDA-graph capture. ``return_lse=True`` also returns the log-sum-exp
+lengths are read on the host once per mask tensor, and kept on the device inside CUDA-graph
+capture). Any other mask, a masked causal call, or a non-zero ``dropout_p`` goes to torch SDPA
+(reason logged once on logger ``"fp8dit"``). ``return_lse=True`` also returns the log-sum-exp
 ``[B, S, H]`` float32, the layout diffusers' ring attention merges.
 Context parallelism (Ulysses, ring) is declared supported, forward only: its backward raises.
 
