@@ -47,7 +47,9 @@ def parse_args(argv=None):
                         "speed-up's denominator")
     p.add_argument("--compile", action="store_true", help="also torch.compile every model")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="also capture and replay (masked calls run SDPA inside a capture)")
+                   help="also capture and replay (fp8dit keeps the mask's key lengths on the "
+                        "device there; the cudnn-kept baseline, which reads them on the host, "
+                        "cannot be captured and reports an error row)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="JSON file (default results/<gpu>-hunyuan-forward.json)")
