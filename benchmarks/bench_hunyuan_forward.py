@@ -16,7 +16,6 @@ alternate call by call, the output is compared with the first baseline's eager f
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 
@@ -141,7 +140,7 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.bench import _git_commit
+    from fp8dit.bench import run_metadata
 
     device = torch.device("cuda")
     frames, height, width = LATENTS[args.resolution]
@@ -161,9 +160,7 @@ def main(argv=None) -> int:
     modes = ["eager"] + (["compile"] if args.compile else []) + (
         ["cuda-graph"] if args.cuda_graph else [])
     common = dict(
-        gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__, commit=_git_commit(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        run_metadata(device), diffusers=diffusers.__version__,
         model="HunyuanVideo", dual_layers=args.dual, single_layers=args.single,
         resolution=args.resolution, tokens=video + args.text, kept_keys=video + args.kept,
         heads=CONFIG["num_attention_heads"], head_dim=CONFIG["attention_head_dim"],

@@ -21,7 +21,6 @@ Rows are appended to ``benchmarks/results/<gpu>-wan-forward.json``; a table is p
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import time
@@ -158,7 +157,7 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.bench import _git_commit
+    from fp8dit.bench import run_metadata
     from fp8dit.demo import PRESETS, build_model
 
     device = torch.device("cuda")
@@ -183,9 +182,7 @@ def main(argv=None) -> int:
     modes = ["eager"] + (["compile"] if args.compile else []) + (
         ["cuda-graph"] if args.cuda_graph else [])
     common = dict(
-        gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-        diffusers=diffusers.__version__, fp8dit=fp8dit.__version__, commit=_git_commit(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        run_metadata(device), diffusers=diffusers.__version__,
         model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
         heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
         repeats=args.repeats, warmup=args.warmup, timing="alternating",

@@ -96,15 +96,14 @@ def key_lengths(mask: torch.Tensor, batch: int, sk: int) -> tuple:
         lens, reason = hit[2]
     else:
         lens, reason = result = _read_lengths(_key_rows(mask, batch, sk))
-        if tracked:
-            with _lock:
+        with _lock:
+            (_prefix_shapes.add if lens is not None else _prefix_shapes.discard)(
+                (tuple(mask.shape), str(mask.device)))
+            if tracked:
                 _cache.pop(id(mask), None)
                 if len(_cache) >= _CACHE_SIZE:
                     _cache.pop(next(iter(_cache)))
                 _cache[id(mask)] = (weakref.ref(mask), mask._version, result)
-    with _lock:
-        (_prefix_shapes.add if lens is not None else _prefix_shapes.discard)(
-            (tuple(mask.shape), str(mask.device)))
     if lens is not None and len(lens) == 1 and batch > 1:  # one row for the whole batch
         lens = lens * batch
     return lens, reason
@@ -152,7 +151,7 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         out, lse = sdpa_attention(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                   return_lse=return_lse, attn_mask=mask)
         return out, lse, reason
-    if q.device.type == "cuda":  # the plan a capture of this call would run (all keys)
+    if q.device.type == "cuda" and min(lens) < Sk:  # the plan a capture would run: all keys
         _prepare_capture(q, k, Sk, recipe, num_splits)
     out, lse = fp8_attention_fwd(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                  recipe=recipe, num_splits=num_splits,
