@@ -71,7 +71,7 @@ class Capture:
     def __init__(self, pipe_or_model, out_dir, *, layers=None, steps=None,
                  max_q_tokens: int | None = None, max_kv_tokens: int | None = None,
                  max_calls: int | None = None):
-        from .guard import _layers
+        from .integrations import diffusers as fd
 
         self._target = pipe_or_model
         self.out_dir = Path(out_dir)
@@ -86,7 +86,7 @@ class Capture:
                 raise ValueError(f"{name}: expected None or a positive integer, got {value!r}")
         self.max_q_tokens, self.max_kv_tokens, self.max_calls = (max_q_tokens, max_kv_tokens,
                                                                  max_calls)
-        names = [layer for layer, _ in _layers(pipe_or_model)]
+        names = list(fd.layer_backends(pipe_or_model))  # CogVideoX's too (routed on entry)
         if self.layers is not None:
             unmatched = [p for p in self.layers
                          if not any(fnmatch.fnmatchcase(n, p) for n in names)]
@@ -103,6 +103,7 @@ class Capture:
         self._hooks: list = []
         self._wrapped: dict = {}
         self._registry = None
+        self._routed: list[str] = []
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -123,6 +124,9 @@ class Capture:
 
         fd.register()  # imports diffusers' dispatcher (and makes "fp8dit" a backend)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        # CogVideoX's processors call torch SDPA themselves: route them through the dispatcher
+        # (bitwise the same under "native") for the time of the capture.
+        self._routed = fd.route_through_dispatcher(self._target)
         registry = fd._dispatch()._AttentionBackendRegistry
         self._registry = registry
         for name, fn in list(registry._backends.items()):
@@ -160,6 +164,11 @@ class Capture:
             if backends.get(name) is wrapped:  # leave anything registered since alone
                 backends[name] = fn
         self._wrapped.clear()
+        if self._routed:
+            from .integrations import diffusers as fd
+
+            fd.restore_processors(self._target, self._routed)
+            self._routed = []
 
     def _wrap(self, fn):
         def capturing_backend(**kwargs):

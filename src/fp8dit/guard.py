@@ -106,7 +106,7 @@ class QualityPolicy:
         """
         from .integrations import diffusers as fd
 
-        layers = [layer for layer, _ in _layers(pipe_or_model)]
+        layers = list(fd.layer_backends(pipe_or_model))  # CogVideoX's too, before enable
         unmatched = [p for p in self.bf16_layers
                      if not any(fnmatch.fnmatchcase(layer, p) for layer in layers)]
         if unmatched:

@@ -49,6 +49,7 @@ from ..key_padding import key_padding_attention, key_padding_reason
 from ..launch import kernel_for
 
 BACKEND_NAME = "fp8dit"
+TORCH_SDPA = "torch-sdpa"  # layer_backends' name for layers that bypass diffusers' dispatcher
 _MEMBER_NAME = "FP8DIT"
 _DISPATCH = "diffusers.models.attention_dispatch"
 # The parameter names diffusers passes to a backend and, with a context-parallel config, to the
@@ -430,6 +431,62 @@ def _attention_processors(model):
             yield name, processor
 
 
+def _sdpa_direct_layers(model):
+    """(name, module) of attention layers whose processor ignores diffusers' backends."""
+    for name, module in model.named_modules():
+        processor = getattr(module, "processor", None)
+        if (processor is not None and callable(processor) and callable(
+                getattr(module, "set_processor", None))
+                and not hasattr(processor, "_attention_backend")):
+            yield name, module
+
+
+def route_through_dispatcher(pipe_or_model) -> list[str]:
+    """Replace attention processors that call torch SDPA directly (CogVideoX's) by ones that
+    go through diffusers' dispatcher (:mod:`fp8dit.integrations.diffusers_processors`), so that
+    ``set_attention_backend`` reaches those layers; :func:`enable` calls it. Returns the layers
+    replaced now. Layers whose processor has no replacement keep running torch SDPA: a warning
+    names their processor once. :func:`restore_processors` puts the originals back.
+
+    With diffusers' ``"native"`` backend the replaced layers compute bitwise what they did.
+    """
+    from .diffusers_processors import replacement_for
+
+    replaced, left = [], {}
+    for prefix, model in _models(pipe_or_model):
+        for name, module in _sdpa_direct_layers(model):
+            new = replacement_for(module.processor)
+            if new is None:
+                left.setdefault(type(module.processor).__name__, []).append(name)
+                continue
+            module.set_processor(new)
+            replaced.append(".".join(p for p in (prefix, name) if p))
+    for cls, layers in left.items():
+        _log_once(f"fp8dit: {len(layers)} attention layer(s) ({layers[0]}, ...) use diffusers' "
+                  f"{cls}, which calls torch SDPA directly and ignores attention backends: "
+                  f"they run torch SDPA, not fp8dit")
+    return replaced
+
+
+def restore_processors(pipe_or_model, layers=None) -> list[str]:
+    """Put back the processors :func:`route_through_dispatcher` replaced (only those of
+    ``layers``, names as it returned them, when given); returns the layers restored."""
+    from .diffusers_processors import CogVideoXDispatchProcessor
+
+    wanted = None if layers is None else set(layers)
+    restored = []
+    for prefix, model in _models(pipe_or_model):
+        for name, module in model.named_modules():
+            processor = getattr(module, "processor", None)
+            layer = ".".join(p for p in (prefix, name) if p)
+            if (isinstance(processor, CogVideoXDispatchProcessor)
+                    and processor.original is not None
+                    and (wanted is None or layer in wanted)):
+                module.set_processor(processor.original)
+                restored.append(layer)
+    return restored
+
+
 def enable(pipe_or_model, policy=None):
     """Route a diffusers pipeline's transformer(s), or a diffusers model, through fp8dit.
 
@@ -439,6 +496,9 @@ def enable(pipe_or_model, policy=None):
         A pipeline: its ``transformer`` and, when present, ``transformer_2`` (Wan2.2's low-noise
         expert). A model: the model itself. Calls diffusers' ``set_attention_backend("fp8dit")``,
         which also makes ``"fp8dit"`` diffusers' active backend (:func:`disable` undoes both).
+        First, processors that call torch SDPA directly and so ignore any backend (CogVideoX's)
+        are replaced by ones that go through diffusers' dispatcher
+        (:func:`route_through_dispatcher`).
     policy : object, optional
         Per-layer choice, asked once per attention layer here (per-step switching: see
         :class:`fp8dit.guard.QualityPolicy`):
@@ -469,22 +529,27 @@ def enable(pipe_or_model, policy=None):
     member = register()
     dispatch = sys.modules[_DISPATCH]
     names = dispatch.AttentionBackendName
-    # Every layer's choice is asked and checked before anything changes, so a bad answer for
-    # a late layer leaves the model (and the recipe) as it was.
+    routed = route_through_dispatcher(pipe_or_model)  # CogVideoX: see the function
+    # Every layer's choice is asked and checked before anything else changes, so a bad answer
+    # for a late layer leaves the model (and the recipe) as it was.
     choices = []
-    for prefix, model in models:
-        if policy is None:
-            continue
-        for name, processor in _attention_processors(model):
-            layer = ".".join(p for p in (prefix, name) if p)
-            choice = policy.backend_for(layer)
-            if choice not in names._value2member_map_ or choice not in \
-                    dispatch._AttentionBackendRegistry._backends:
-                raise ValueError(
-                    f"policy.backend_for({layer!r}): expected a registered diffusers backend "
-                    f"name (e.g. 'fp8dit', 'native'), got {choice!r}"
-                )
-            choices.append((processor, names(choice)))
+    try:
+        for prefix, model in models:
+            if policy is None:
+                continue
+            for name, processor in _attention_processors(model):
+                layer = ".".join(p for p in (prefix, name) if p)
+                choice = policy.backend_for(layer)
+                if choice not in names._value2member_map_ or choice not in \
+                        dispatch._AttentionBackendRegistry._backends:
+                    raise ValueError(
+                        f"policy.backend_for({layer!r}): expected a registered diffusers "
+                        f"backend name (e.g. 'fp8dit', 'native'), got {choice!r}"
+                    )
+                choices.append((processor, names(choice)))
+    except BaseException:
+        restore_processors(pipe_or_model, routed)
+        raise
     if recipe is not None:
         set_recipe(recipe)
     active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
@@ -498,8 +563,9 @@ def enable(pipe_or_model, policy=None):
 
 
 def disable(pipe_or_model):
-    """Undo :func:`enable`: layers back to diffusers' active backend, which is restored too, and
-    the recipe back to the default (:func:`set_recipe`).
+    """Undo :func:`enable`: layers back to diffusers' active backend, which is restored too,
+    replaced processors back to diffusers' own (:func:`restore_processors`), and the recipe back
+    to the default (:func:`set_recipe`).
 
     diffusers' own ``reset_attention_backend`` leaves ``"fp8dit"`` active globally (its
     ``set_attention_backend`` sets both), so the layers would still run fp8dit.
@@ -510,6 +576,7 @@ def disable(pipe_or_model):
     _recipe = None
     for _, model in models:
         model.reset_attention_backend()
+    restore_processors(pipe_or_model)
     registry = dispatch._AttentionBackendRegistry
     if registry.get_active_backend()[0] == BACKEND_NAME:
         registry.set_active_backend(_previous_active or dispatch.AttentionBackendName.NATIVE)
@@ -518,7 +585,8 @@ def disable(pipe_or_model):
 
 
 def layer_backends(pipe_or_model) -> dict[str, str]:
-    """The diffusers backend each attention layer dispatches to now, by layer name."""
+    """The diffusers backend each attention layer dispatches to now, by layer name; layers whose
+    processor calls torch SDPA itself (:func:`route_through_dispatcher`) read ``"torch-sdpa"``."""
     dispatch = _dispatch()
     active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
     out = {}
@@ -526,6 +594,8 @@ def layer_backends(pipe_or_model) -> dict[str, str]:
         for name, processor in _attention_processors(model):
             backend = processor._attention_backend or active
             out[".".join(p for p in (prefix, name) if p)] = getattr(backend, "value", backend)
+        for name, _ in _sdpa_direct_layers(model):
+            out[".".join(p for p in (prefix, name) if p)] = TORCH_SDPA
     return out
 
 

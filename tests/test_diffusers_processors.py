@@ -1,0 +1,179 @@
+"""CogVideoX through diffusers: its processors call torch SDPA themselves, so fp8dit replaces
+them with ones that go through diffusers' dispatcher (fp8dit.integrations.diffusers_processors).
+"""
+
+# TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
+
+import logging
+
+import pytest
+import torch
+
+diffusers = pytest.importorskip("diffusers")
+
+import diffusers.models.attention_processor as ap  # noqa: E402
+
+import fp8dit  # noqa: E402
+from fp8dit.capture import capture_qkv  # noqa: E402
+from fp8dit.guard import QualityPolicy  # noqa: E402
+from fp8dit.integrations import diffusers as fd  # noqa: E402
+from fp8dit.integrations import diffusers_processors as dp  # noqa: E402
+from fp8dit.testing import error_stats  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+LAYERS = ["transformer_blocks.0.attn1", "transformer_blocks.1.attn1"]
+
+pytestmark = pytest.mark.usefixtures("diffusers_state", "fp8_at_any_length")
+
+
+@pytest.fixture
+def fp8_at_any_length(monkeypatch):
+    """On a GPU ``auto`` sends these short sequences to SDPA; FP8DIT_BACKEND=fp8 runs them FP8,
+    as the interpreter does."""
+    if DEVICE == "cuda":
+        monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
+
+
+def tiny_cogvideox(fused: bool = False):
+    """diffusers' CogVideoXTransformer3DModel, 2 layers of 2 heads x 32, RoPE on (as CogVideoX
+    1.5 and 5B), bf16, and one input: 3 latent frames of 8 x 8 -> 48 video + 8 text tokens."""
+    from diffusers import CogVideoXTransformer3DModel
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    torch.manual_seed(0)
+    model = CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=32, in_channels=4, out_channels=4,
+        time_embed_dim=32, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
+        sample_frames=9, patch_size=2, max_text_seq_length=8,
+        use_rotary_positional_embeddings=True,
+    ).to(DEVICE).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    if fused:
+        model.fuse_qkv_projections()
+    cos, sin = get_3d_rotary_pos_embed(embed_dim=32, crops_coords=((0, 0), (4, 4)),
+                                       grid_size=(4, 4), temporal_size=3, device=DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    inputs = dict(
+        hidden_states=torch.randn(1, 3, 4, 8, 8, generator=gen, device=DEVICE).bfloat16(),
+        encoder_hidden_states=torch.randn(1, 8, 16, generator=gen, device=DEVICE).bfloat16(),
+        timestep=torch.tensor([500], device=DEVICE), image_rotary_emb=(cos, sin),
+    )
+    return model, inputs
+
+
+def forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+def processor_classes(model):
+    return [type(model.get_submodule(layer).processor).__name__ for layer in LAYERS]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_replacement_computes_bitwise_what_diffusers_own_processor_does(fused):
+    # The guard on diffusers' CogVideoX processor: a release that changes what it computes
+    # fails here, before a user's output quietly differs.
+    model, inputs = tiny_cogvideox(fused)
+    own = "FusedCogVideoXAttnProcessor2_0" if fused else "CogVideoXAttnProcessor2_0"
+    assert processor_classes(model) == [own] * 2
+    assert fd.layer_backends(model) == dict.fromkeys(LAYERS, fd.TORCH_SDPA)
+    ref = forward(model, inputs)
+    assert fd.route_through_dispatcher(model) == LAYERS
+    assert fd.route_through_dispatcher(model) == []  # already routed
+    assert processor_classes(model) == ["CogVideoXDispatchProcessor"] * 2
+    assert set(fd.layer_backends(model).values()) == {"native"}
+    assert torch.equal(forward(model, inputs), ref)
+    assert fd.restore_processors(model) == LAYERS
+    assert processor_classes(model) == [own] * 2
+    assert torch.equal(forward(model, inputs), ref)
+
+
+def test_enable_runs_every_cogvideox_layer_fp8_and_disable_restores():
+    model, inputs = tiny_cogvideox()
+    ref = forward(model, inputs)
+    assert fp8dit.enable(model) is model
+    assert fd.layer_backends(model) == dict.fromkeys(LAYERS, "fp8dit")
+    with fd.record_calls() as calls:
+        out = forward(model, inputs)
+    # Joint attention over the 8 text and 48 video tokens, FP8 in both layers.
+    assert [(c["backend"], c["q"], c["k"]) for c in calls] == [("fp8", (1, 56, 2, 32),
+                                                                (1, 56, 2, 32))] * 2, calls
+    stats = error_stats(out, ref)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)
+    assert not torch.equal(out, ref)  # FP8 did run: its rounding shows
+    fd.disable(model)
+    assert processor_classes(model) == ["CogVideoXAttnProcessor2_0"] * 2
+    assert fd.layer_backends(model) == dict.fromkeys(LAYERS, fd.TORCH_SDPA)
+    assert torch.equal(forward(model, inputs), ref)
+
+
+def test_quality_policy_and_a_refused_policy_on_cogvideox():
+    model, inputs = tiny_cogvideox()
+    policy = QualityPolicy(bf16_layers=["transformer_blocks.0.*"])
+    policy.apply(model)
+    try:
+        assert fd.layer_backends(model) == {LAYERS[0]: "native", LAYERS[1]: "fp8dit"}
+        with fd.record_calls() as calls:
+            forward(model, inputs)
+        assert [c["backend"] for c in calls] == ["fp8"]  # block 0 ran native (not recorded)
+    finally:
+        fd.disable(model)
+
+    class TypoInTheLastLayer:
+        def backend_for(self, layer_name):
+            return "fp8" if layer_name == LAYERS[1] else "fp8dit"
+
+    with pytest.raises(ValueError, match=r"policy.backend_for\('transformer_blocks.1.attn1'\)"):
+        fd.enable(model, policy=TypoInTheLastLayer())
+    # Nothing changed: diffusers' own processors are back.
+    assert processor_classes(model) == ["CogVideoXAttnProcessor2_0"] * 2
+
+
+def test_processors_without_a_replacement_are_reported_not_touched(monkeypatch, caplog):
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = ap.Attention(query_dim=32, heads=2, dim_head=16)  # AttnProcessor2_0
+
+        def set_attention_backend(self, name):  # what _models looks for in a model
+            raise AssertionError("not called here")
+
+    holder = Holder()
+    monkeypatch.setattr(fd, "_logged", set())
+    with caplog.at_level(logging.WARNING, logger="fp8dit"):
+        assert fd.route_through_dispatcher(holder) == []
+    assert type(holder.attn.processor) is ap.AttnProcessor2_0
+    assert "AttnProcessor2_0, which calls torch SDPA directly" in caplog.text
+    assert fd.layer_backends(holder) == {"attn": fd.TORCH_SDPA}
+
+    # A CogVideoX processor whose call changed (a new diffusers release) is left alone too.
+    model, _ = tiny_cogvideox()
+    monkeypatch.setattr(dp, "_COGVIDEOX_CALL", dp._COGVIDEOX_CALL + ("new_argument",))
+    assert fd.route_through_dispatcher(model) == []
+    assert processor_classes(model) == ["CogVideoXAttnProcessor2_0"] * 2
+
+
+def test_capture_saves_cogvideox_calls_and_puts_the_processors_back(tmp_path):
+    model, inputs = tiny_cogvideox()
+    with capture_qkv(model, tmp_path, layers=["*.attn1"]) as cap:
+        forward(model, inputs)
+    assert [p.name for p in cap.files] == [f"{layer}.step000.call0.pt" for layer in LAYERS]
+    saved = torch.load(cap.files[0])
+    assert saved["q"].shape == (1, 56, 2, 32) and saved["layer"] == LAYERS[0]
+    assert processor_classes(model) == ["CogVideoXAttnProcessor2_0"] * 2
+
+
+def test_no_graph_break_in_a_compiled_cogvideox_forward():
+    model, inputs = tiny_cogvideox()
+    fd.enable(model)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            explanation = torch._dynamo.explain(model)(**inputs, return_dict=False)
+    finally:
+        torch._dynamo.reset()
+        fd.disable(model)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert "fp8dit.attention_fp8" in "".join(g.code for g in explanation.graphs)
