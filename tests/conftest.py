@@ -34,6 +34,15 @@ def device():
     return DEVICE
 
 
+@pytest.fixture
+def fp8_at_any_length(monkeypatch):
+    """On a GPU, ``auto`` sends short sequences (these tests' tiny models) to SDPA
+    (``dispatch.FP8_MIN_TOKENS``): FP8DIT_BACKEND=fp8 makes ``auto`` run them FP8, as the
+    interpreter does on a CPU. Tests of the FP8 path through auto use it."""
+    if _HAS_CUDA:
+        monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
+
+
 @pytest.fixture(autouse=True)
 def _clean_fp8dit_env(monkeypatch):
     for var in ("FP8DIT_BACKEND", "FP8DIT_DISABLE", "FP8DIT_RECIPE", "FP8DIT_PLAN_CACHE"):

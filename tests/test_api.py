@@ -152,6 +152,23 @@ def test_compile_fullgraph_no_graph_break():
     assert explanation.graph_break_count == 0
 
 
+def test_compile_fullgraph_through_a_logged_fallback(monkeypatch, caplog):
+    # auto's fallback to SDPA warns once; dynamo cannot trace a logger call, and a first call
+    # under torch.compile(fullgraph=True) raised (found on the GPU, where short rows fall back).
+    q, k, v = (t.float() for t in _qkv(S=130))  # float32: auto falls back to SDPA everywhere
+    monkeypatch.setattr(dispatch, "_logged", set())
+
+    def f(q, k, v):
+        return fp8dit.attention(q, k, v) * 2
+
+    with caplog.at_level(logging.WARNING, logger="fp8dit"):
+        out_c = torch.compile(f, fullgraph=True, backend="eager")(q, k, v)
+        assert "falling back to sdpa" not in caplog.text  # not logged while tracing
+        out_e = f(q, k, v)
+    assert torch.equal(out_c, out_e)
+    assert caplog.text.count("falling back to sdpa") == 1  # the first eager call logs it
+
+
 def test_opcheck_custom_ops():
     q, k, v = _qkv(S=70)
     torch.library.opcheck(

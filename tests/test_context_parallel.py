@@ -316,14 +316,16 @@ def test_context_parallel_lse_against_fp64(ranks, case):
         assert err < LSE_MAX_ABS, err
 
 
-def test_ring_key_value_views_of_an_all_gather_are_waited_for():
+def test_ring_key_value_views_of_an_all_gather_are_waited_for(fp8_at_any_length):
     """diffusers' ring hands fp8dit views of an AsyncCollectiveTensor (its all-gather); the
     eager Triton launch must not get the wrapper (on CPU it has no storage; on GPU the gather
     may still be in flight)."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, n, 3, 64, generator=g).bfloat16() for n in (70, 50, 50))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, n, 3, 64, generator=g).bfloat16().to(device)
+               for n in (70, 50, 50))
     gathered = AsyncCollectiveTensor(torch.cat([k.flatten(), v.flatten()]))
     k_view = gathered[:k.numel()].reshape_as(k)
     v_view = gathered[k.numel():].reshape_as(v)

@@ -26,14 +26,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.usefixtures("diffusers_state", "fp8_at_any_length")
 
 
-@pytest.fixture
-def fp8_at_any_length(monkeypatch):
-    """On a GPU, ``auto`` sends these tests' short sequences to SDPA (``dispatch.FP8_MIN_TOKENS``):
-    FP8DIT_BACKEND=fp8 makes the adapter's ``auto`` run them FP8, as the interpreter does."""
-    if DEVICE == "cuda":
-        monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
-
-
 
 
 # ---------------------------------------------------------------------------------------------

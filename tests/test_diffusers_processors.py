@@ -26,14 +26,6 @@ LAYERS = ["transformer_blocks.0.attn1", "transformer_blocks.1.attn1"]
 pytestmark = pytest.mark.usefixtures("diffusers_state", "fp8_at_any_length")
 
 
-@pytest.fixture
-def fp8_at_any_length(monkeypatch):
-    """On a GPU ``auto`` sends these short sequences to SDPA; FP8DIT_BACKEND=fp8 runs them FP8,
-    as the interpreter does."""
-    if DEVICE == "cuda":
-        monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
-
-
 def tiny_cogvideox(fused: bool = False):
     """diffusers' CogVideoXTransformer3DModel, 2 layers of 2 heads x 32, RoPE on (as CogVideoX
     1.5 and 5B), bf16, and one input: 3 latent frames of 8 x 8 -> 48 video + 8 text tokens."""

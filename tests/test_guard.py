@@ -24,7 +24,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LAYERS = ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]
 
 
-pytestmark = pytest.mark.usefixtures("diffusers_state")
+pytestmark = pytest.mark.usefixtures("diffusers_state", "fp8_at_any_length")
 
 
 def _forward(model, inputs):

@@ -17,6 +17,7 @@ import fp8dit
 from fp8dit.testing import attention_ref, error_stats, make_qkv, merge_by_lse, ring_merge
 
 S, H, D, CHUNKS = 512, 2, 128, 4
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU
 
 
 def _ref_parts(q, k, v, chunks):
@@ -26,7 +27,7 @@ def _ref_parts(q, k, v, chunks):
 
 
 def test_merge_by_lse_of_exact_parts_is_exact():
-    q, k, v = make_qkv(1, H, 300, 64, family="dit", seed=1)
+    q, k, v = make_qkv(1, H, 300, 64, family="dit", seed=1, device=DEVICE)
     ref = attention_ref(q, k, v)
     merged = merge_by_lse(_ref_parts(q, k, v, 3))
     assert (merged - ref).abs().max().item() < 1e-10
@@ -40,9 +41,10 @@ def test_merge_by_lse_of_exact_parts_is_exact():
 def _dit_with_drifting_keys():
     """DiT-like q, k, v whose keys carry an extra offset growing along the sequence, so every
     chunk has its own K mean (its own smoothing shift and LSE correction)."""
-    q, k, v = make_qkv(1, H, S, D, family="dit", seed=4)
+    q, k, v = make_qkv(1, H, S, D, family="dit", seed=4, device=DEVICE)
     g = torch.Generator().manual_seed(9)
-    drift = torch.linspace(0, 3, S)[None, :, None, None] * torch.randn(1, 1, H, D, generator=g)
+    drift = (torch.linspace(0, 3, S)[None, :, None, None]
+             * torch.randn(1, 1, H, D, generator=g)).to(DEVICE)
     return q, (k.float() + drift).bfloat16(), v
 
 
@@ -55,7 +57,7 @@ def test_fp8_merged_from_chunks_is_as_accurate_as_one_call(family):
     if family == "dit-drift":
         q, k, v = _dit_with_drifting_keys()
     else:
-        q, k, v = make_qkv(1, H, S, D, family=family, seed=4)
+        q, k, v = make_qkv(1, H, S, D, family=family, seed=4, device=DEVICE)
     ref, ref_lse = attention_ref(q, k, v, return_lse=True)
     one, lse = fp8dit.attention(q, k, v, backend="fp8", return_lse=True)
     single = error_stats(one, ref).rel_l1

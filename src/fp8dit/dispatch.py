@@ -165,9 +165,16 @@ AUTO_ORDER = ("fp8", "sdpa")
 _logged: set[str] = set()
 
 
-def _log_once(msg: str) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
+def _log_once(msg: str, logged: set[str] | None = None) -> None:
+    """Warn once per message (per ``logged`` set). Not while torch.compile traces: dynamo
+    cannot trace a logger call, so one would break the graph (an error under
+    ``fullgraph=True``, as the first GPU run of the whole suite found); the first eager call
+    that meets the message logs it, and ``select_backend`` / ``record_calls`` say it anyway."""
+    if torch.compiler.is_compiling():
+        return
+    logged = _logged if logged is None else logged
+    if msg not in logged:
+        logged.add(msg)
         logger.warning(msg)
 
 

@@ -44,6 +44,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..launch import kernel_for
@@ -68,9 +69,7 @@ _activate_after_register = False  # DIFFUSERS_ATTN_BACKEND=fp8dit was deferred b
 
 
 def _log_once(msg: str) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
-        logger.warning(msg)
+    fp8_dispatch._log_once(msg, _logged)  # not while torch.compile traces (see there)
 
 
 # ---------------------------------------------------------------------------------------------
