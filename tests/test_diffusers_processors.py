@@ -169,3 +169,36 @@ def test_no_graph_break_in_a_compiled_cogvideox_forward():
         fd.disable(model)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert "fp8dit.attention_fp8" in "".join(g.code for g in explanation.graphs)
+
+
+def test_forward_benchmarks_pin_backends_past_hunyuan_token_refiner(monkeypatch):
+    # HunyuanVideo's token refiner keeps diffusers' AttnProcessor2_0 (SDPA, no replacement):
+    # the benchmarks' check that every model runs the backend it names must not trip on it.
+    import sys
+    from pathlib import Path
+
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "bench_wan_forward", raising=False)
+    from bench_wan_forward import pin_backends
+
+    def tiny():
+        torch.manual_seed(0)
+        return HunyuanVideoTransformer3DModel(
+            in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+            num_layers=1, num_single_layers=1, num_refiner_layers=1, text_embed_dim=16,
+            pooled_projection_dim=8, rope_axes_dim=(4, 6, 6))
+
+    models = {"sdpa-cudnn": tiny(), "fp8dit": tiny()}
+    refiner = "context_embedder.token_refiner.refiner_blocks.0.attn"
+    assert fd.layer_backends(models["fp8dit"])[refiner] == fd.TORCH_SDPA
+    try:
+        pin_backends(models)
+        assert fd.layer_backends(models["fp8dit"]) == {
+            "transformer_blocks.0.attn": "fp8dit", "single_transformer_blocks.0.attn": "fp8dit",
+            refiner: fd.TORCH_SDPA}
+        assert set(fd.layer_backends(models["sdpa-cudnn"]).values()) == {"native", fd.TORCH_SDPA}
+    finally:
+        for model in models.values():
+            fd.disable(model)
