@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-from bench_wan_forward import compare_forwards, pin_backends, report
+from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
 
 # CogVideoX-5B's transformer (THUDM/CogVideoX-5b, transformer/config.json), without num_layers.
 CONFIG = dict(num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16,
@@ -61,11 +60,7 @@ def parse_args(argv=None):
             p.error(f"--{name}: expected an integer of at least 1, got {getattr(args, name)}")
     if args.warmup < 0:
         p.error(f"--warmup: expected an integer of at least 0, got {args.warmup}")
-    args.sdpa = [s.strip() for s in args.sdpa.split(",") if s.strip()]
-    bad = [s for s in args.sdpa if s not in ("auto", "cudnn", "flash", "efficient")]
-    if bad or not args.sdpa:
-        p.error(f"--sdpa: expected baselines among auto, cudnn, flash, efficient, got "
-                f"{bad or 'none'}")
+    args.sdpa = sdpa_baselines(p, args.sdpa)
     return args
 
 
@@ -112,7 +107,6 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.bench import run_metadata
     from fp8dit.integrations import diffusers as fd
 
     device = torch.device("cuda")
@@ -130,27 +124,10 @@ def main(argv=None) -> int:
         fd.route_through_dispatcher(model)  # the baselines too: "native" is then diffusers' own
     inputs = forward_inputs(args, device)
     pin_backends(models)
-    model_bytes = sum(p.numel() * p.element_size() for p in models["fp8dit"].parameters())
-    modes = ["eager"] + (["compile"] if args.compile else []) + (
-        ["cuda-graph"] if args.cuda_graph else [])
-    common = dict(
-        run_metadata(device), diffusers=diffusers.__version__,
+    return run_and_report(models, inputs, args, "cogvideox-forward", dict(
         model="CogVideoX-5B", layers=args.layers, batch=args.batch, frames=49,
         resolution="720x480", tokens=tokens, heads=CONFIG["num_attention_heads"],
-        head_dim=CONFIG["attention_head_dim"], repeats=args.repeats, warmup=args.warmup,
-        timing="alternating",
-    )
-    with fd.record_calls() as calls:  # which backend each attention call of one forward ran
-        with torch.no_grad():
-            models["fp8dit"](**inputs, return_dict=False)
-    for c in calls:
-        print(f"  fp8dit call: {c['backend']} ({c.get('kernel')}) q {c['q']} k {c['k']}: "
-              f"{c['reason']}")
-    common["fp8dit_calls"] = [c["backend"] for c in calls]
-    rows = compare_forwards(models, inputs, names[0], modes, args.warmup, args.repeats, common,
-                            model_bytes)
-    return report(rows, names[0], Path(args.out) if args.out else None, "cogvideox-forward")
-
+        head_dim=CONFIG["attention_head_dim"]))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 import torch
-from bench_wan_forward import compare_forwards, pin_backends, report
+from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
 
 CONFIG = dict(patch_size=1, in_channels=64, attention_head_dim=128, num_attention_heads=24,
               joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
@@ -53,11 +52,7 @@ def parse_args(argv=None):
     if args.dual < 0 or args.single < 0 or args.dual + args.single < 1:
         p.error(f"--dual, --single: expected at least one block in all, got {args.dual} and "
                 f"{args.single}")
-    args.sdpa = [s.strip() for s in args.sdpa.split(",") if s.strip()]
-    bad = [s for s in args.sdpa if s not in ("auto", "cudnn", "flash", "efficient")]
-    if bad or not args.sdpa:
-        p.error(f"--sdpa: expected baselines among auto, cudnn, flash, efficient, got "
-                f"{bad or 'none'}")
+    args.sdpa = sdpa_baselines(p, args.sdpa)
     return args
 
 
@@ -103,8 +98,6 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.bench import run_metadata
-    from fp8dit.integrations import diffusers as fd
 
     device = torch.device("cuda")
     image = (args.size // 16) ** 2
@@ -119,27 +112,10 @@ def main(argv=None) -> int:
     models = {name: build_model(args, device) for name in names}
     inputs = forward_inputs(args, device)
     pin_backends(models)
-    model_bytes = sum(p.numel() * p.element_size() for p in models["fp8dit"].parameters())
-    modes = ["eager"] + (["compile"] if args.compile else []) + (
-        ["cuda-graph"] if args.cuda_graph else [])
-    common = dict(
-        run_metadata(device), diffusers=diffusers.__version__,
+    return run_and_report(models, inputs, args, "flux-forward", dict(
         model="FLUX.1-dev", dual_layers=args.dual, single_layers=args.single, size=args.size,
         batch=args.batch, tokens=image + TEXT_TOKENS, heads=CONFIG["num_attention_heads"],
-        head_dim=CONFIG["attention_head_dim"], fp8dit_backend=fp8dit_backend,
-        repeats=args.repeats, warmup=args.warmup, timing="alternating",
-    )
-    with fd.record_calls() as calls:  # which backend each attention call of one forward ran
-        with torch.no_grad():
-            models["fp8dit"](**inputs, return_dict=False)
-    for c in calls:
-        print(f"  fp8dit call: {c['backend']} ({c.get('kernel')}) q {c['q']} k {c['k']}: "
-              f"{c['reason']}")
-    common["fp8dit_calls"] = [c["backend"] for c in calls]
-    rows = compare_forwards(models, inputs, names[0], modes, args.warmup, args.repeats, common,
-                            model_bytes)
-    return report(rows, names[0], Path(args.out) if args.out else None, "flux-forward")
-
+        head_dim=CONFIG["attention_head_dim"], fp8dit_backend=fp8dit_backend))
 
 if __name__ == "__main__":
     sys.exit(main())

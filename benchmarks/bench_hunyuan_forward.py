@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-from bench_wan_forward import compare_forwards, pin_backends, report
+from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
 
 CONFIG = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
               num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
@@ -60,11 +59,7 @@ def parse_args(argv=None):
         p.error("--dual, --single: expected at least one block in all")
     if not 1 <= args.kept <= args.text:
         p.error(f"--kept: expected 1..--text ({args.text}), got {args.kept}")
-    args.sdpa = [s.strip() for s in args.sdpa.split(",") if s.strip()]
-    bad = [s for s in args.sdpa if s not in ("auto", "cudnn", "efficient", "cudnn-kept")]
-    if bad or not args.sdpa:
-        p.error(f"--sdpa: expected baselines among auto, cudnn, efficient, cudnn-kept, got "
-                f"{bad or 'none'}")
+    args.sdpa = sdpa_baselines(p, args.sdpa, ("auto", "cudnn", "efficient", "cudnn-kept"))
     return args
 
 
@@ -140,7 +135,6 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.bench import run_metadata
 
     device = torch.device("cuda")
     frames, height, width = LATENTS[args.resolution]
@@ -156,28 +150,10 @@ def main(argv=None) -> int:
     kept = {"sdpa-cudnn-kept": register_kept_keys_baseline()} if "cudnn-kept" in args.sdpa \
         else {}
     pin_backends(models, kept)
-    model_bytes = sum(p.numel() * p.element_size() for p in models["fp8dit"].parameters())
-    modes = ["eager"] + (["compile"] if args.compile else []) + (
-        ["cuda-graph"] if args.cuda_graph else [])
-    common = dict(
-        run_metadata(device), diffusers=diffusers.__version__,
+    return run_and_report(models, inputs, args, "hunyuan-forward", dict(
         model="HunyuanVideo", dual_layers=args.dual, single_layers=args.single,
         resolution=args.resolution, tokens=video + args.text, kept_keys=video + args.kept,
-        heads=CONFIG["num_attention_heads"], head_dim=CONFIG["attention_head_dim"],
-        repeats=args.repeats, warmup=args.warmup, timing="alternating",
-    )
-    from fp8dit.integrations import diffusers as fd
-
-    with fd.record_calls() as calls:  # which backend each attention call of one forward ran
-        with torch.no_grad():
-            models["fp8dit"](**inputs, return_dict=False)
-    for c in calls:
-        print(f"  fp8dit call: {c['backend']} q {c['q']} k {c['k']}: {c['reason']}")
-    common["fp8dit_calls"] = [c["backend"] for c in calls]
-    rows = compare_forwards(models, inputs, names[0], modes, args.warmup, args.repeats, common,
-                            model_bytes)
-    return report(rows, names[0], Path(args.out) if args.out else None, "hunyuan-forward")
-
+        heads=CONFIG["num_attention_heads"], head_dim=CONFIG["attention_head_dim"]))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,6 +54,17 @@ def parse_args(argv=None):
     return args
 
 
+def sdpa_baselines(parser, text: str, allowed=("auto", "cudnn", "flash", "efficient")) -> list:
+    """``--sdpa a,b,...`` of the forward benchmarks as a list, or a parser error naming what
+    was not allowed."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in allowed]
+    if bad or not names:
+        parser.error(f"--sdpa: expected baselines among {', '.join(allowed)}, got "
+                     f"{bad or 'none'}")
+    return names
+
+
 def forward_inputs(preset: dict, seed: int, device) -> dict:
     """One denoising step's inputs for a Wan preset of ``fp8dit.demo.PRESETS``: random bf16
     latents of its 720p/480p shape, timestep 500, random text embeddings."""
@@ -157,7 +168,6 @@ def main(argv=None) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.bench import run_metadata
     from fp8dit.demo import PRESETS, build_model
 
     device = torch.device("cuda")
@@ -177,19 +187,38 @@ def main(argv=None) -> int:
     models = {name: build_model(preset, args.layers, args.seed, device) for name in names}
     inputs = forward_inputs(preset, args.seed + 1, device)
     pin_backends(models)
-    model_bytes = sum(p.numel() * p.element_size() for p in models[baseline].parameters())
+    return run_and_report(models, inputs, args, "wan-forward", dict(
+        model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
+        heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"]))
 
+
+def run_and_report(models: dict, inputs: dict, args, suffix: str, meta: dict) -> int:
+    """The rest of every forward benchmark once :func:`pin_backends` has run: one fp8dit
+    forward under ``record_calls`` (which backend and kernel each attention call took, printed
+    and kept in the rows), :func:`compare_forwards` over the modes ``args`` asks for
+    (``--compile``, ``--cuda-graph``; the first model is the baseline), then :func:`report` to
+    ``args.out`` or results/<gpu>-<suffix>.json. ``meta``: the model's own row fields."""
+    import diffusers
+
+    from fp8dit.bench import run_metadata
+    from fp8dit.integrations import diffusers as fd
+
+    baseline = next(iter(models))
+    with fd.record_calls() as calls, torch.no_grad():
+        models["fp8dit"](**inputs, return_dict=False)
+    for c in calls:
+        print(f"  fp8dit call: {c['backend']} ({c.get('kernel')}) q {c['q']} k {c['k']}: "
+              f"{c['reason']}")
+    device = next(models["fp8dit"].parameters()).device
+    common = dict(run_metadata(device), diffusers=diffusers.__version__, **meta,
+                  repeats=args.repeats, warmup=args.warmup, timing="alternating",
+                  fp8dit_calls=[c["backend"] for c in calls])
     modes = ["eager"] + (["compile"] if args.compile else []) + (
         ["cuda-graph"] if args.cuda_graph else [])
-    common = dict(
-        run_metadata(device), diffusers=diffusers.__version__,
-        model="Wan2.2-A14B", layers=args.layers, resolution=args.resolution, tokens=tokens,
-        heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
-        repeats=args.repeats, warmup=args.warmup, timing="alternating",
-    )
+    model_bytes = sum(p.numel() * p.element_size() for p in models["fp8dit"].parameters())
     rows = compare_forwards(models, inputs, baseline, modes, args.warmup, args.repeats, common,
                             model_bytes)
-    return report(rows, baseline, Path(args.out) if args.out else None, "wan-forward")
+    return report(rows, baseline, Path(args.out) if args.out else None, suffix)
 
 
 def pin_backends(models: dict, layer_backends: dict | None = None) -> None:

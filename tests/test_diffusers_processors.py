@@ -202,3 +202,41 @@ def test_forward_benchmarks_pin_backends_past_hunyuan_token_refiner(monkeypatch)
     finally:
         for model in models.values():
             fd.disable(model)
+
+
+def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
+    # The shared tail of the forward benchmarks, on CPU with the timing and the report stubbed
+    # (they need CUDA): one recorded fp8dit forward, its backends in every row, the modes asked.
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "bench_wan_forward", raising=False)
+    import bench_wan_forward as bw
+
+    seen = {}
+
+    def compare(models, inputs, baseline, modes, warmup, repeats, common, model_bytes):
+        seen.update(baseline=baseline, modes=modes, common=common, model_bytes=model_bytes)
+        return [dict(common, mode="eager", backend="fp8dit")]
+
+    monkeypatch.setattr(bw, "compare_forwards", compare)
+    monkeypatch.setattr(bw, "report", lambda rows, baseline, out, suffix: (rows, out, suffix))
+    (base, _), (fp8, inputs) = tiny_cogvideox(), tiny_cogvideox()
+    models = {"sdpa-cudnn": base, "fp8dit": fp8}
+    for model in models.values():
+        fd.route_through_dispatcher(model)
+    try:
+        bw.pin_backends(models)
+        args = SimpleNamespace(compile=True, cuda_graph=False, warmup=1, repeats=2, out=None)
+        rows, out, suffix = bw.run_and_report(models, inputs, args, "cogvideox-forward",
+                                              dict(model="tiny"))
+    finally:
+        for model in models.values():
+            fd.disable(model)
+    assert seen["baseline"] == "sdpa-cudnn" and seen["modes"] == ["eager", "compile"]
+    assert seen["common"]["fp8dit_calls"] == ["fp8", "fp8"] and seen["common"]["model"] == "tiny"
+    assert seen["common"]["timing"] == "alternating" and seen["common"]["torch"]
+    assert seen["model_bytes"] == sum(p.numel() * p.element_size() for p in fp8.parameters())
+    assert rows[0]["repeats"] == 2 and out is None and suffix == "cogvideox-forward"
