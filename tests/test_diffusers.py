@@ -2,6 +2,7 @@
 
 # TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -287,3 +288,27 @@ def test_no_graph_break_under_dynamo():
         torch._dynamo.reset()
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert "fp8dit.attention_fp8" in explanation.graphs[0].code  # the custom op, not SDPA
+
+
+def test_compiled_tiny_wan_whose_calls_fall_back_has_no_graph_break(tiny_wan, monkeypatch):
+    # On a GPU auto sends short calls (Wan's cross-attention to 512 text keys) to SDPA and warns
+    # once; a model compiled before any eager call traced that warning and broke its graph at
+    # every such layer (found on the H200, s16-2). Here the preference is made to decline FP8
+    # for every call, as a GPU does for these tiny rows, with nothing logged yet.
+    from fp8dit import dispatch
+
+    model, inputs = tiny_wan
+    monkeypatch.setattr(dispatch, "_logged", set())
+    monkeypatch.setitem(dispatch.BACKENDS, "fp8", dataclasses.replace(
+        dispatch.BACKENDS["fp8"], auto_check=lambda q, k, v, is_causal=False, tokens=None:
+        "too short (test)"))
+    monkeypatch.delenv("FP8DIT_BACKEND", raising=False)
+    fp8dit.enable(model)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            explanation = torch._dynamo.explain(model)(**inputs, return_dict=False)
+    finally:
+        torch._dynamo.reset()
+        fd.disable(model)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
