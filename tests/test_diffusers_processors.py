@@ -77,7 +77,14 @@ def test_replacement_computes_bitwise_what_diffusers_own_processor_does(fused):
     assert processor_classes(model) == ["CogVideoXDispatchProcessor"] * 2
     assert set(fd.layer_backends(model).values()) == {"native"}
     assert torch.equal(forward(model, inputs), ref)
-    assert fd.restore_processors(model) == LAYERS
+    with pytest.raises(TypeError, match="layers: expected None or a list of layer names"):
+        fd.restore_processors(model, LAYERS[0])  # a name, not a list of names
+    with pytest.raises(TypeError, match="layers: expected None or a list of layer names, got 3"):
+        fd.restore_processors(model, 3)
+    with pytest.raises(TypeError, match="pipe_or_model: expected a diffusers model"):
+        fd.route_through_dispatcher("CogVideoX")
+    assert fd.restore_processors(model, [LAYERS[1]]) == [LAYERS[1]]
+    assert fd.restore_processors(model) == [LAYERS[0]]
     assert processor_classes(model) == [own] * 2
     assert torch.equal(forward(model, inputs), ref)
 

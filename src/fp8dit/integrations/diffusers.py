@@ -472,7 +472,13 @@ def restore_processors(pipe_or_model, layers=None) -> list[str]:
     ``layers``, names as it returned them, when given); returns the layers restored."""
     from .diffusers_processors import CogVideoXDispatchProcessor
 
-    wanted = None if layers is None else set(layers)
+    try:
+        names = None if layers is None or isinstance(layers, str) else list(layers)
+    except TypeError:  # not iterable
+        names = None
+    if layers is not None and (names is None or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"layers: expected None or a list of layer names, got {layers!r}")
+    wanted = None if names is None else set(names)
     restored = []
     for prefix, model in _models(pipe_or_model):
         for name, module in model.named_modules():
