@@ -72,6 +72,49 @@ def test_key_lengths_refuses_other_masks(case, expect):
     assert lens is None and expect in reason, reason
 
 
+def _query_key_mask(lens, S):
+    """HunyuanVideo 1.5's per-call mask: (valid query) & (valid key), valid tokens first."""
+    valid = _prefix_mask(lens, S, shape4=False)
+    rows = valid.view(len(lens), 1, 1, S).repeat(1, 1, S, 1)
+    return rows & rows.transpose(2, 3)
+
+
+def test_per_query_masks_of_kept_queries_and_keys():
+    m = _query_key_mask([5, 9], 12)
+    assert kp.key_lengths(m, 2, 12) == (None, kp.key_padding_reason(m, 2, 12))  # no Sq given
+    assert kp.key_lengths(m, 2, 12, sq=12) == ((5, 9), None)
+    lens, reason, dropped = kp._lengths(m, 2, 12, 12)
+    assert torch.equal(dropped, ~_prefix_mask([5, 9], 12, shape4=False))
+    every_row = _prefix_mask([5, 9], 12).expand(2, 1, 12, 12)  # a key mask repeated per query
+    assert kp._lengths(every_row, 2, 12, 12)[::2] == ((5, 9), None)
+    other = m.clone()
+    other[0, 0, 2, 3] = False  # one query row keeps other keys than the rest
+    assert "rows keep different keys" in kp.key_lengths(other, 2, 12, sq=12)[1]
+    holes = _query_key_mask([5, 9], 12).clone()
+    holes[1, 0, :, 4] = False  # the same keys in every row, but not a prefix
+    assert "not a prefix" in kp.key_lengths(holes, 2, 12, sq=12)[1]
+    assert "drops every key" in kp.key_lengths(_query_key_mask([0, 9], 12), 2, 12, sq=12)[1]
+    cross = _prefix_mask([5, 9], 12).expand(2, 1, 7, 12)  # 7 queries x 12 keys: per query too
+    assert kp.key_lengths(cross, 2, 12, sq=7) == ((5, 9), None)
+
+
+def test_per_query_mask_runs_fp8_over_the_prefix_and_zeroes_dropped_rows():
+    lens, S = [37, 64], 64
+    q, k, v = _qkv(2, S, S, 2, 64, seed=11)
+    kg, vg = k.clone(), v.clone()
+    for b, n in enumerate(lens):
+        kg[b, n:], vg[b, n:] = float("nan"), float("inf")  # never read
+    out, lse, reason = kp.key_padding_attention(q, kg, vg, _query_key_mask(lens, S), scale=0.125,
+                                                recipe=get_recipe(None), return_lse=True)
+    assert reason is None and torch.isfinite(out).all()
+    for b, n in enumerate(lens):
+        ref, ref_lse = attention_ref(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n], scale=0.125,
+                                     return_lse=True)
+        assert error_stats(out[b:b + 1, :n], ref).cos >= 0.999
+        assert (lse[b:b + 1, :, :n].double() - ref_lse).abs().max().item() < 0.03
+        assert torch.all(out[b, n:] == 0) and torch.all(lse[b, :, n:] == float("-inf"))
+
+
 def test_key_lengths_cache_follows_in_place_changes(monkeypatch):
     reads = []
     real = kp._read_lengths
@@ -243,6 +286,16 @@ def test_backend_runs_prefix_masks_fp8_with_lse(registered):
                                          return_lse=True)
             assert error_stats(out[b:b + 1], ref).cos >= 0.999
             assert (lse[b:b + 1].double() - ref_lse.transpose(1, 2)).abs().max().item() < 0.03
+
+
+def test_backend_runs_hunyuan_video_15_masks_fp8(registered):
+    q, k, v = _qkv(2, 48, 48, 2, 64, seed=6)
+    with fd.record_calls() as calls:
+        out = ad.dispatch_attention_fn(q, k, v, attn_mask=_query_key_mask([20, 41], 48),
+                                       backend="fp8dit")
+    assert [c["backend"] for c in calls] == ["fp8"], calls
+    ref = attention_ref(q[1:, :41], k[1:, :41], v[1:, :41])
+    assert error_stats(out[1:, :41], ref).cos >= 0.999 and torch.all(out[0, 20:] == 0)
 
 
 def test_no_graph_break_with_a_key_padding_mask(registered):
@@ -422,3 +475,39 @@ def test_cuda_graph_replays_follow_the_mask():
     graph.replay()
     torch.cuda.synchronize()
     assert out.isnan().all()
+
+
+def test_tiny_hunyuan_video_15_runs_fp8_over_its_per_query_masks(registered):
+    # HunyuanVideo 1.5 builds a [B, 1, S, S] mask in every attention call: (valid query) &
+    # (valid key), its valid tokens first (2 x 16 x 16 video, 13 + 5 kept text tokens, 6 image
+    # tokens of 34 conditioning tokens).
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64,
+        num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=32,
+        text_embed_2_dim=16, image_embed_dim=24, rope_axes_dim=(16, 24, 24), target_size=64,
+    ).to(DEVICE).eval().requires_grad_(False).to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    text_mask = torch.ones(1, 20, dtype=torch.int64, device=DEVICE)
+    text_mask[:, 13:] = 0
+    text_mask_2 = torch.ones(1, 8, dtype=torch.int64, device=DEVICE)
+    text_mask_2[:, 5:] = 0
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=DEVICE).bfloat16()
+
+    inputs = dict(hidden_states=randn(1, 4, 2, 16, 16),
+                  timestep=torch.tensor([700.0], device=DEVICE).bfloat16(),
+                  encoder_hidden_states=randn(1, 20, 32), encoder_attention_mask=text_mask,
+                  encoder_hidden_states_2=randn(1, 8, 16), encoder_attention_mask_2=text_mask_2,
+                  image_embeds=randn(1, 6, 24))
+    ref = _forward(model, inputs)
+    fd.enable(model)
+    try:
+        with fd.record_calls() as calls:
+            out = _forward(model, inputs)
+    finally:
+        fd.disable(model)
+    assert [(c["backend"], c["q"][1]) for c in calls] == [("fp8", 546)] * 2, calls
+    stats = error_stats(out, ref)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)

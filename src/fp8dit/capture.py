@@ -192,11 +192,11 @@ class Capture:
         if mask is not None:
             # fp8dit check takes no mask: a key-padding mask (HunyuanVideo's) is saved as the
             # keys it keeps, which is the same attention; any other would measure another one.
-            why = (key_padding_reason(mask, q.shape[0], k.shape[1])
+            why = (key_padding_reason(mask, q.shape[0], k.shape[1], q.shape[1])
                    if isinstance(mask, torch.Tensor) else "attn_mask is no tensor")
             lens = None
             if why is None:
-                lens, why = key_lengths(mask, q.shape[0], k.shape[1])
+                lens, why = key_lengths(mask, q.shape[0], k.shape[1], q.shape[1])
             if lens is not None and len(set(lens)) > 1:
                 lens, why = None, f"its key lengths differ across the batch ({list(lens)})"
             if lens is None:

@@ -6,6 +6,11 @@ last. Such a mask is a key length per sequence: the first ``n_b`` keys of sequen
 FP8 kernels take per-sequence key lengths from their plan, so these calls run FP8 over exactly
 the kept keys (the padded keys are never read) instead of falling back to SDPA.
 
+HunyuanVideo 1.5 instead builds a ``[B, 1, S, S]`` mask in every call: (valid query) & (valid
+key), its valid tokens moved first. Per query row that is the same prefix of keys, or nothing;
+it runs FP8 over the prefix too, and the rows that keep no key get zeros (LSE -inf), fp8dit's
+result for a row without keys (SDPA's is undefined there).
+
 Reading the lengths needs the mask's values on the host: one small device-to-host copy, made
 once per mask tensor (a model builds its mask once per forward and passes it to every layer)
 and cached while the tensor lives and is not modified in place (its version counter). Inference
@@ -55,14 +60,27 @@ def _key_rows(mask: torch.Tensor, batch: int, sk: int):
     return None
 
 
-def key_padding_reason(mask: torch.Tensor, batch: int, sk: int) -> str | None:
-    """Why ``mask`` cannot become key lengths from its dtype and shape alone (None: it may)."""
+def _query_key_rows(mask: torch.Tensor, batch: int, sq: int | None, sk: int):
+    """The mask as [B or 1, Sq, Sk] when it is per query, one for all heads, else None."""
+    shape = tuple(mask.shape)
+    if (sq is not None and sq > 1 and len(shape) == 4 and shape[1:] == (1, sq, sk)
+            and shape[0] in (1, batch)):
+        return mask[:, 0]
+    return None
+
+
+def key_padding_reason(mask: torch.Tensor, batch: int, sk: int,
+                       sq: int | None = None) -> str | None:
+    """Why ``mask`` cannot become key lengths from its dtype and shape alone (None: it may).
+
+    With ``sq`` (the queries), a per-query ``[B or 1, 1, Sq, Sk]`` mask may too: HunyuanVideo
+    1.5 builds (valid query) & (valid key) per call, the valid tokens first."""
     if mask.dtype != torch.bool:
         return (f"attn_mask has dtype {mask.dtype}; the FP8 kernels read boolean key-padding "
                 "masks only")
-    if _key_rows(mask, batch, sk) is None:
-        return (f"attn_mask of shape {tuple(mask.shape)} is not a key-padding mask ([B, Sk] or "
-                f"[B, 1, 1, Sk] with Sk = {sk})")
+    if _key_rows(mask, batch, sk) is None and _query_key_rows(mask, batch, sq, sk) is None:
+        return (f"attn_mask of shape {tuple(mask.shape)} is not a key-padding mask ([B, Sk], "
+                f"[B, 1, 1, Sk] or [B, 1, Sq, Sk] with Sk = {sk}, Sq = {sq})")
     return None
 
 
@@ -72,33 +90,71 @@ def _read_lengths(rows: torch.Tensor) -> tuple:
     cols = torch.arange(rows.shape[-1], device=rows.device)
     prefix = (rows == (cols[None, :] < n[:, None])).all(-1)
     lens, ok = torch.stack([n, prefix.to(n.dtype)]).tolist()  # the one host read
-    if not all(ok):
+    return _checked(lens, ok)
+
+
+def _checked(lens, prefix_ok) -> tuple:
+    if not all(prefix_ok):
         return None, "attn_mask keeps keys that are not a prefix (the padding must come last)"
     if min(lens) == 0:
         return None, "attn_mask drops every key of a sequence"
     return tuple(int(x) for x in lens), None
 
 
-def key_lengths(mask: torch.Tensor, batch: int, sk: int) -> tuple:
+def _read_query_key_lengths(m: torch.Tensor) -> tuple:
+    """``m`` [B', Sq, Sk]: (lengths, None, dropped query rows or None) when it is (kept query)
+    & (kept key) with the kept keys a non-empty prefix, else (None, reason, None).
+
+    Three reductions over the mask and one host read, nothing of the mask's size allocated:
+    the mask lies inside the outer product of its rows' and columns' ``any``, so it equals it
+    exactly when its count is (kept rows) x (kept keys)."""
+    rows, keys = m.any(-1), m.any(-2)
+    n, r = keys.sum(-1), rows.sum(-1)
+    cols = torch.arange(m.shape[-1], device=m.device)
+    prefix = (keys == (cols[None, :] < n[:, None])).all(-1)
+    outer = m.sum((-1, -2)) == r * n
+    lens, ok, is_outer, r = torch.stack([n, prefix.to(n.dtype), outer.to(n.dtype), r]).tolist()
+    if not all(is_outer):
+        return None, ("attn_mask is per query and not (kept queries) x (kept keys): its rows "
+                      "keep different keys"), None
+    lens, reason = _checked(lens, ok)
+    return lens, reason, (None if min(r) == m.shape[1] else ~rows)
+
+
+def key_lengths(mask: torch.Tensor, batch: int, sk: int, sq: int | None = None) -> tuple:
     """(per-sequence key lengths, None), or (None, reason) when the mask is no key padding.
 
-    ``mask``: boolean, ``[B, Sk]`` or ``[B or 1, 1, 1, Sk]``, True where a key is attended."""
-    reason = key_padding_reason(mask, batch, sk)
+    ``mask``: boolean, ``[B, Sk]`` or ``[B or 1, 1, 1, Sk]``, True where a key is attended;
+    with ``sq``, also ``[B or 1, 1, Sq, Sk]`` that is (kept query) & (kept key)."""
+    lens, reason, _ = _lengths(mask, batch, sq, sk)
+    return lens, reason
+
+
+def _lengths(mask: torch.Tensor, batch: int, sq: int | None, sk: int) -> tuple:
+    """:func:`key_lengths` and, for a per-query mask, its dropped query rows ([B or 1, Sq]
+    bool on the device; None when it drops none)."""
+    reason = key_padding_reason(mask, batch, sk, sq)
     if reason is not None:
-        return None, reason
+        return None, reason, None
     if _capturing(mask):
         return None, ("CUDA-graph capture of a mask not seen as key padding before (the key "
-                      "lengths stay on the device only for shapes an eager call read)")
+                      "lengths stay on the device only for shapes an eager call read)"), None
     tracked = not mask.is_inference()  # inference tensors have no version counter
     with _lock:
         hit = _cache.get(id(mask)) if tracked else None
     if hit is not None and hit[0]() is mask and hit[1] == mask._version:
-        lens, reason = hit[2]
+        lens, reason, dropped = hit[2]
     else:
-        lens, reason = result = _read_lengths(_key_rows(mask, batch, sk))
+        rows = _key_rows(mask, batch, sk)
+        if rows is not None:
+            lens, reason, dropped = result = (*_read_lengths(rows), None)
+        else:
+            lens, reason, dropped = result = _read_query_key_lengths(
+                _query_key_rows(mask, batch, sq, sk))
         with _lock:
-            (_prefix_shapes.add if lens is not None else _prefix_shapes.discard)(
-                (tuple(mask.shape), str(mask.device)))
+            if rows is not None:  # under capture only key rows keep their lengths on device
+                (_prefix_shapes.add if lens is not None else _prefix_shapes.discard)(
+                    (tuple(mask.shape), str(mask.device)))
             if tracked:
                 _cache.pop(id(mask), None)
                 if len(_cache) >= _CACHE_SIZE:
@@ -106,7 +162,7 @@ def key_lengths(mask: torch.Tensor, batch: int, sk: int) -> tuple:
                 _cache[id(mask)] = (weakref.ref(mask), mask._version, result)
     if lens is not None and len(lens) == 1 and batch > 1:  # one row for the whole batch
         lens = lens * batch
-    return lens, reason
+    return lens, reason, dropped
 
 
 def _capturing(mask: torch.Tensor) -> bool:
@@ -143,7 +199,7 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         out.masked_fill_(bad.view(B, 1, 1, 1), float("nan"))
         lse.masked_fill_(bad.view(B, 1, 1), float("nan"))
         return out, (lse if return_lse else None), None
-    lens, reason = key_lengths(mask, B, Sk)
+    lens, reason, dropped = _lengths(mask, B, q.shape[1], Sk)
     if lens is None:
         _log_once(f"fp8dit: torch SDPA instead of FP8 for a masked call: {reason}")
         if mask.dim() == 2 and tuple(mask.shape) == (B, Sk):  # diffusers' [B, Sk] convention
@@ -156,6 +212,10 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
     out, lse = fp8_attention_fwd(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                  recipe=recipe, num_splits=num_splits,
                                  k_lens=None if min(lens) == Sk else lens)
+    if dropped is not None:  # query rows that keep no key: fp8dit's empty-row result
+        dropped = dropped.expand(B, q.shape[1])
+        out.masked_fill_(dropped[:, :, None, None], 0.0)
+        lse.masked_fill_(dropped[:, None, :], float("-inf"))
     return out, (lse if return_lse else None), None
 
 

@@ -21,7 +21,9 @@ length (off CUDA there is no floor, and the tiny-Wan test runs those layers FP8)
 key-padding ``attn_mask`` that keeps a prefix of keys (HunyuanVideo's ``[B, 1, 1, S]`` mask,
 which drops the prompt's padding) runs FP8 over the kept keys (:mod:`fp8dit.key_padding`: the
 lengths are read on the host once per mask tensor, and kept on the device inside CUDA-graph
-capture). Any other mask, a masked causal call, or a non-zero ``dropout_p`` goes to torch SDPA
+capture), and so does a per-query ``[B, 1, Sq, Sk]`` mask that is (kept query) & (kept key)
+(HunyuanVideo 1.5's, built in every call: one host read per call; the dropped query rows get
+zeros). Any other mask, a masked causal call, or a non-zero ``dropout_p`` goes to torch SDPA
 (reason logged once on logger ``"fp8dit"``). ``return_lse=True`` also returns the log-sum-exp
 ``[B, S, H]`` float32, the layout diffusers' ring attention merges.
 Context parallelism (Ulysses, ring) is declared supported, forward only: its backward raises.
@@ -118,7 +120,7 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
     or (None, why not) when the mask's dtype or shape rules it out or ``auto`` prefers SDPA."""
     if is_causal:
         return None, "attn_mask with is_causal=True"
-    why = key_padding_reason(attn_mask, query.shape[0], key.shape[1])
+    why = key_padding_reason(attn_mask, query.shape[0], key.shape[1], query.shape[1])
     if why is not None:
         return None, why
     name, why = select_backend(query, key, value, layout="NHD")
