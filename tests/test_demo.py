@@ -131,7 +131,8 @@ def test_demo_fresh_process_sets_interpreter(tmp_path):
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message on a machine without CUDA")
 @pytest.mark.parametrize("script", ["bench_wan_forward", "bench_hunyuan_forward",
-                                    "bench_cogvideox_forward", "bench_flux_forward"])
+                                    "bench_cogvideox_forward", "bench_flux_forward",
+                                    "bench_hunyuan15_forward"])
 def test_forward_benchmarks_exit_without_cuda(script):
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")],
                          capture_output=True, text=True, timeout=120)

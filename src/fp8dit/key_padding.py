@@ -105,14 +105,16 @@ def _read_query_key_lengths(m: torch.Tensor) -> tuple:
     """``m`` [B', Sq, Sk]: (lengths, None, dropped query rows or None) when it is (kept query)
     & (kept key) with the kept keys a non-empty prefix, else (None, reason, None).
 
-    Three reductions over the mask and one host read, nothing of the mask's size allocated:
-    the mask lies inside the outer product of its rows' and columns' ``any``, so it equals it
-    exactly when its count is (kept rows) x (kept keys)."""
-    rows, keys = m.any(-1), m.any(-2)
+    Two reductions over the mask (it is S^2 bytes: these passes are the cost) and one host
+    read, nothing of the mask's size allocated: the mask lies inside the outer product of its
+    rows' and columns' ``any``, so it equals it exactly when its count is (kept rows) x (kept
+    keys)."""
+    per_row = m.sum(-1)
+    rows, keys = per_row > 0, m.any(-2)
     n, r = keys.sum(-1), rows.sum(-1)
     cols = torch.arange(m.shape[-1], device=m.device)
     prefix = (keys == (cols[None, :] < n[:, None])).all(-1)
-    outer = m.sum((-1, -2)) == r * n
+    outer = per_row.sum(-1) == r * n
     lens, ok, is_outer, r = torch.stack([n, prefix.to(n.dtype), outer.to(n.dtype), r]).tolist()
     if not all(is_outer):
         return None, ("attn_mask is per query and not (kept queries) x (kept keys): its rows "

@@ -1,0 +1,124 @@
+"""End-to-end HunyuanVideo 1.5 transformer forward: diffusers' masked SDPA vs fp8dit, bf16.
+
+diffusers' ``HunyuanVideo15Transformer3DModel`` at its released width (16 heads x 128, text
+3584, glyph text 1472, image 1152; the class defaults) with ``--layers`` blocks (the model has
+54) and seeded random weights, text-to-video as ``HunyuanVideo15Pipeline`` calls it: latents of
+121 frames at 480p (16x spatial, 4x temporal compression: 31 x 30 x 53 -> 49,290 tokens) or
+720p (31 x 45 x 80 -> 111,600), concatenated with their condition channels (65 in all), 1,000
+prompt tokens of which ``--kept`` are real, 256 glyph tokens of which ``--kept-2``, and 729
+zero image tokens (text-to-video: all dropped). Every attention call builds a ``[B, 1, S, S]``
+mask, (valid query) & (valid key) with the valid tokens first: diffusers' ``native`` backend
+runs SDPA with it (``--sdpa``: torch's choice, or a kernel forced), fp8dit runs FP8 over the
+kept keys (``fp8dit.key_padding``). Timing, memory and accuracy as ``bench_wan_forward.py``
+(whose helpers this uses). Written in session 16, not yet run on a GPU.
+
+    python benchmarks/bench_hunyuan15_forward.py --layers 2 --repeats 5 --warmup 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
+
+CONFIG = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
+              num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
+              qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
+              image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+LATENTS = {"480p": (31, 30, 53), "720p": (31, 45, 80)}  # 121 frames
+TEXT, TEXT_2, IMAGE = 1000, 256, 729  # HunyuanVideo15Pipeline's token counts
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolution", choices=sorted(LATENTS), default="480p")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks (the model has 54)")
+    p.add_argument("--kept", type=int, default=120, help="real prompt tokens (of 1,000)")
+    p.add_argument("--kept-2", type=int, default=16, help="real glyph tokens (of 256)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--sdpa", default="auto",
+                   help="baselines, comma-separated: auto, cudnn, efficient (diffusers' native "
+                        "backend, SDPA with the mask, that kernel forced; auto: torch's choice)")
+    p.add_argument("--compile", action="store_true", help="also torch.compile every model")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also capture and replay (fp8dit runs these masks through SDPA there)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None,
+                   help="JSON file (default results/<gpu>-hunyuan15-forward.json)")
+    args = p.parse_args(argv)
+    if args.layers < 1 or args.repeats < 1:
+        p.error(f"--layers, --repeats: expected integers of at least 1, got {args.layers} and "
+                f"{args.repeats}")
+    if not 1 <= args.kept <= TEXT or not 0 <= args.kept_2 <= TEXT_2:
+        p.error(f"--kept: expected 1..{TEXT}, --kept-2 0..{TEXT_2}, got {args.kept} and "
+                f"{args.kept_2}")
+    args.sdpa = sdpa_baselines(p, args.sdpa, ("auto", "cudnn", "efficient"))
+    return args
+
+
+def build_model(args, device):
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = HunyuanVideo15Transformer3DModel(**CONFIG, num_layers=args.layers)
+    return model.eval().requires_grad_(False).to(torch.bfloat16)
+
+
+def forward_inputs(args, device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=device).to(torch.bfloat16)
+
+    def kept(n, total):
+        mask = torch.zeros(1, total, dtype=torch.int64, device=device)
+        mask[:, :n] = 1
+        return mask
+
+    return dict(
+        hidden_states=randn(1, CONFIG["in_channels"], *LATENTS[args.resolution]),
+        timestep=torch.full((1,), 500.0, device=device).to(torch.bfloat16),
+        encoder_hidden_states=randn(1, TEXT, CONFIG["text_embed_dim"]),
+        encoder_attention_mask=kept(args.kept, TEXT),
+        encoder_hidden_states_2=randn(1, TEXT_2, CONFIG["text_embed_2_dim"]),
+        encoder_attention_mask_2=kept(args.kept_2, TEXT_2),
+        image_embeds=torch.zeros(1, IMAGE, CONFIG["image_embed_dim"], device=device,
+                                 dtype=torch.bfloat16),
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_hunyuan15_forward: needs a CUDA GPU; torch sees none (nothing measured)")
+        return 2
+    import diffusers
+    import triton
+
+    import fp8dit
+
+    device = torch.device("cuda")
+    frames, height, width = LATENTS[args.resolution]
+    video = frames * height * width
+    gpu = torch.cuda.get_device_name(device)
+    print(f"{gpu}: HunyuanVideo 1.5 transformer, {args.layers} blocks, {args.resolution} "
+          f"({video} video + {TEXT + TEXT_2 + IMAGE} conditioning tokens, "
+          f"{video + args.kept + args.kept_2} kept), bf16; torch {torch.__version__}, triton "
+          f"{triton.__version__}, diffusers {diffusers.__version__}, fp8dit "
+          f"{fp8dit.__version__}", flush=True)
+    names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
+    models = {name: build_model(args, device) for name in names}
+    inputs = forward_inputs(args, device)
+    pin_backends(models)
+    return run_and_report(models, inputs, args, "hunyuan15-forward", dict(
+        model="HunyuanVideo-1.5", layers=args.layers, resolution=args.resolution,
+        tokens=video + TEXT + TEXT_2 + IMAGE, kept_keys=video + args.kept + args.kept_2,
+        heads=CONFIG["num_attention_heads"], head_dim=CONFIG["attention_head_dim"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
