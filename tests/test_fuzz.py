@@ -121,6 +121,48 @@ def test_fuzz_dense_key_lengths(Sq, Sk, data, Hkv, group, D, splits, layout, see
         assert (lse[b:b + 1].double() - ref_lse).abs().max() <= 0.05
 
 
+@FUZZ
+@given(
+    S=st.integers(2, 200),
+    data=st.data(),
+    D=st.sampled_from([64, 128]),
+    shared=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz_per_query_masks(S, data, D, shared, seed):
+    """HunyuanVideo 1.5's per-call masks ((valid query) & (valid key), valid tokens first)
+    through ``fp8dit.key_padding``: FP8 over the kept keys, zeros for the dropped query rows;
+    a mask whose rows keep different keys runs SDPA with it, never a wrong FP8 answer."""
+    from fp8dit import key_padding as kp
+    from fp8dit.recipes import get_recipe
+
+    lens = data.draw(st.lists(st.integers(1, S), min_size=1, max_size=3), label="valid")
+    B, H = len(lens), 2
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn(B, S, H, D, generator=g, device=DEVICE).bfloat16() for _ in range(3))
+    valid = torch.arange(S, device=DEVICE)[None, :] < torch.tensor(lens, device=DEVICE)[:, None]
+    if shared:  # one mask row set for the whole batch
+        valid, lens = valid[:1], [lens[0]] * B
+    rows = valid[:, None, None, :].repeat(1, 1, S, 1)
+    mask = rows & rows.transpose(2, 3)
+    broken = data.draw(st.booleans(), label="broken") and lens[0] > 1
+    if broken:  # the first valid query keeps one key less: rows differ
+        mask[0, 0, 0, lens[0] - 1] = False
+    out, lse, reason = kp.key_padding_attention(q, k, v, mask, scale=D ** -0.5,
+                                                recipe=get_recipe(None), return_lse=True)
+    if broken:
+        assert reason is not None and "rows keep different keys" in reason
+        return
+    assert reason is None and torch.isfinite(out.float()).all()
+    for b, n in enumerate(lens):
+        ref, ref_lse = attention_ref(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n],
+                                     return_lse=True)
+        s = error_stats(out[b:b + 1, :n], ref)
+        assert s.rel_l1 <= REL_L1_MAX and s.cos >= COS_MIN, (b, n, s)
+        assert (lse[b:b + 1, :, :n].double() - ref_lse).abs().max() <= 0.05
+        assert torch.all(out[b, n:] == 0) and torch.isneginf(lse[b, :, n:]).all()
+
+
 @pytest.mark.parametrize("D", [256, 200])
 def test_large_head_dims(D):
     g = torch.Generator(device=DEVICE).manual_seed(D)
