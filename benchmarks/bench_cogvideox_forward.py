@@ -24,7 +24,13 @@ import argparse
 import sys
 
 import torch
-from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
+from bench_wan_forward import (
+    cuda_device,
+    pin_backends,
+    run_and_report,
+    sdpa_baselines,
+    seeded_model,
+)
 
 # CogVideoX-5B's transformer (THUDM/CogVideoX-5b, transformer/config.json), without num_layers.
 CONFIG = dict(num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16,
@@ -65,12 +71,8 @@ def parse_args(argv=None):
 
 
 def build_model(args, device):
-    from diffusers import CogVideoXTransformer3DModel
-
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = CogVideoXTransformer3DModel(**CONFIG, num_layers=args.layers)
-    return model.eval().requires_grad_(False).to(torch.bfloat16)
+    return seeded_model("CogVideoXTransformer3DModel", args.seed, device, **CONFIG,
+                        num_layers=args.layers)
 
 
 def forward_inputs(args, device) -> dict:
@@ -100,24 +102,16 @@ def forward_inputs(args, device) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_cogvideox_forward: needs a CUDA GPU; torch sees none (nothing measured)")
-        return 2
-    import diffusers
-    import triton
-
-    import fp8dit
-    from fp8dit.integrations import diffusers as fd
-
-    device = torch.device("cuda")
     frames, height, width = LATENT
     video = frames * (height // 2) * (width // 2)
     tokens = video + CONFIG["max_text_seq_length"]
-    gpu = torch.cuda.get_device_name(device)
-    print(f"{gpu}: CogVideoX-5B transformer, {args.layers} blocks, batch {args.batch}, "
-          f"49 frames 720x480 ({video} video + {CONFIG['max_text_seq_length']} text tokens), "
-          f"bf16; torch {torch.__version__}, triton {triton.__version__}, diffusers "
-          f"{diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
+    device = cuda_device("bench_cogvideox_forward", (
+        f"CogVideoX-5B transformer, {args.layers} blocks, batch {args.batch}, 49 frames 720x480 "
+        f"({video} video + {CONFIG['max_text_seq_length']} text tokens)"))
+    if device is None:
+        return 2
+    from fp8dit.integrations import diffusers as fd
+
     names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
     models = {name: build_model(args, device) for name in names}
     for model in models.values():
@@ -128,6 +122,7 @@ def main(argv=None) -> int:
         model="CogVideoX-5B", layers=args.layers, batch=args.batch, frames=49,
         resolution="720x480", tokens=tokens, heads=CONFIG["num_attention_heads"],
         head_dim=CONFIG["attention_head_dim"]))
+
 
 if __name__ == "__main__":
     sys.exit(main())

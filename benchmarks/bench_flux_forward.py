@@ -20,7 +20,13 @@ import os
 import sys
 
 import torch
-from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
+from bench_wan_forward import (
+    cuda_device,
+    pin_backends,
+    run_and_report,
+    sdpa_baselines,
+    seeded_model,
+)
 
 CONFIG = dict(patch_size=1, in_channels=64, attention_head_dim=128, num_attention_heads=24,
               joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
@@ -57,13 +63,8 @@ def parse_args(argv=None):
 
 
 def build_model(args, device):
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = FluxTransformer2DModel(**CONFIG, num_layers=args.dual,
-                                       num_single_layers=args.single)
-    return model.eval().requires_grad_(False).to(torch.bfloat16)
+    return seeded_model("FluxTransformer2DModel", args.seed, device, **CONFIG,
+                        num_layers=args.dual, num_single_layers=args.single)
 
 
 def forward_inputs(args, device) -> dict:
@@ -91,23 +92,14 @@ def forward_inputs(args, device) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_flux_forward: needs a CUDA GPU; torch sees none (nothing measured)")
-        return 2
-    import diffusers
-    import triton
-
-    import fp8dit
-
-    device = torch.device("cuda")
     image = (args.size // 16) ** 2
     fp8dit_backend = os.environ.get("FP8DIT_BACKEND", "auto")
-    gpu = torch.cuda.get_device_name(device)
-    print(f"{gpu}: Flux transformer, {args.dual} dual + {args.single} single blocks, "
-          f"{args.size} px ({image} image + {TEXT_TOKENS} text tokens), batch {args.batch}, "
-          f"bf16, fp8dit backend {fp8dit_backend}; torch {torch.__version__}, triton "
-          f"{triton.__version__}, diffusers {diffusers.__version__}, fp8dit "
-          f"{fp8dit.__version__}", flush=True)
+    device = cuda_device("bench_flux_forward", (
+        f"Flux transformer, {args.dual} dual + {args.single} single blocks, {args.size} px "
+        f"({image} image + {TEXT_TOKENS} text tokens), batch {args.batch}, fp8dit backend "
+        f"{fp8dit_backend}"))
+    if device is None:
+        return 2
     names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
     models = {name: build_model(args, device) for name in names}
     inputs = forward_inputs(args, device)
@@ -116,6 +108,7 @@ def main(argv=None) -> int:
         model="FLUX.1-dev", dual_layers=args.dual, single_layers=args.single, size=args.size,
         batch=args.batch, tokens=image + TEXT_TOKENS, heads=CONFIG["num_attention_heads"],
         head_dim=CONFIG["attention_head_dim"], fp8dit_backend=fp8dit_backend))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,13 @@ import argparse
 import sys
 
 import torch
-from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
+from bench_wan_forward import (
+    cuda_device,
+    pin_backends,
+    run_and_report,
+    sdpa_baselines,
+    seeded_model,
+)
 
 CONFIG = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
               num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
@@ -60,12 +66,8 @@ def parse_args(argv=None):
 
 
 def build_model(args, device):
-    from diffusers import HunyuanVideo15Transformer3DModel
-
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = HunyuanVideo15Transformer3DModel(**CONFIG, num_layers=args.layers)
-    return model.eval().requires_grad_(False).to(torch.bfloat16)
+    return seeded_model("HunyuanVideo15Transformer3DModel", args.seed, device, **CONFIG,
+                        num_layers=args.layers)
 
 
 def forward_inputs(args, device) -> dict:
@@ -93,23 +95,13 @@ def forward_inputs(args, device) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_hunyuan15_forward: needs a CUDA GPU; torch sees none (nothing measured)")
-        return 2
-    import diffusers
-    import triton
-
-    import fp8dit
-
-    device = torch.device("cuda")
     frames, height, width = LATENTS[args.resolution]
     video = frames * height * width
-    gpu = torch.cuda.get_device_name(device)
-    print(f"{gpu}: HunyuanVideo 1.5 transformer, {args.layers} blocks, {args.resolution} "
-          f"({video} video + {TEXT + TEXT_2 + IMAGE} conditioning tokens, "
-          f"{video + args.kept + args.kept_2} kept), bf16; torch {torch.__version__}, triton "
-          f"{triton.__version__}, diffusers {diffusers.__version__}, fp8dit "
-          f"{fp8dit.__version__}", flush=True)
+    device = cuda_device("bench_hunyuan15_forward", (
+        f"HunyuanVideo 1.5 transformer, {args.layers} blocks, {args.resolution} ({video} video + "
+        f"{TEXT + TEXT_2 + IMAGE} conditioning tokens, {video + args.kept + args.kept_2} kept)"))
+    if device is None:
+        return 2
     names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
     models = {name: build_model(args, device) for name in names}
     inputs = forward_inputs(args, device)

@@ -19,7 +19,13 @@ import argparse
 import sys
 
 import torch
-from bench_wan_forward import pin_backends, run_and_report, sdpa_baselines
+from bench_wan_forward import (
+    cuda_device,
+    pin_backends,
+    run_and_report,
+    sdpa_baselines,
+    seeded_model,
+)
 
 CONFIG = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
               num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
@@ -100,13 +106,8 @@ def register_kept_keys_baseline() -> str:
 
 
 def build_model(args, device):
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = HunyuanVideoTransformer3DModel(**CONFIG, num_layers=args.dual,
-                                               num_single_layers=args.single)
-    return model.eval().requires_grad_(False).to(torch.bfloat16)
+    return seeded_model("HunyuanVideoTransformer3DModel", args.seed, device, **CONFIG,
+                        num_layers=args.dual, num_single_layers=args.single)
 
 
 def forward_inputs(args, device) -> dict:
@@ -128,22 +129,13 @@ def forward_inputs(args, device) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_hunyuan_forward: needs a CUDA GPU; torch sees none (nothing measured)")
-        return 2
-    import diffusers
-    import triton
-
-    import fp8dit
-
-    device = torch.device("cuda")
     frames, height, width = LATENTS[args.resolution]
     video = frames * (height // 2) * (width // 2)
-    gpu = torch.cuda.get_device_name(device)
-    print(f"{gpu}: HunyuanVideo transformer, {args.dual} dual + {args.single} single blocks, "
-          f"{args.resolution} ({video} video tokens + {args.text} text, {args.kept} kept), bf16; "
-          f"torch {torch.__version__}, triton {triton.__version__}, diffusers "
-          f"{diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
+    device = cuda_device("bench_hunyuan_forward", (
+        f"HunyuanVideo transformer, {args.dual} dual + {args.single} single blocks, "
+        f"{args.resolution} ({video} video tokens + {args.text} text, {args.kept} kept)"))
+    if device is None:
+        return 2
     names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
     models = {name: build_model(args, device) for name in names}
     inputs = forward_inputs(args, device)
@@ -154,6 +146,7 @@ def main(argv=None) -> int:
         model="HunyuanVideo", dual_layers=args.dual, single_layers=args.single,
         resolution=args.resolution, tokens=video + args.text, kept_keys=video + args.kept,
         heads=CONFIG["num_attention_heads"], head_dim=CONFIG["attention_head_dim"]))
+
 
 if __name__ == "__main__":
     sys.exit(main())

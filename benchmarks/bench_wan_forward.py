@@ -54,6 +54,35 @@ def parse_args(argv=None):
     return args
 
 
+def seeded_model(cls_name: str, seed: int, device, **config):
+    """``diffusers.<cls_name>(**config)`` with weights seeded by ``seed``, built on ``device``,
+    in eval mode, bf16, without gradients: the same weights for every backend's model."""
+    import diffusers
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = getattr(diffusers, cls_name)(**config)
+    return model.eval().requires_grad_(False).to(torch.bfloat16)
+
+
+def cuda_device(script: str, what: str):
+    """The GPU a forward benchmark runs on, after one line with the GPU, ``what`` runs and the
+    software versions; None, after one line saying so, when torch sees no CUDA GPU."""
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU; torch sees none (nothing measured)")
+        return None
+    import diffusers
+    import triton
+
+    import fp8dit
+
+    device = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name(device)}: {what}, bf16; torch {torch.__version__}, "
+          f"triton {triton.__version__}, diffusers {diffusers.__version__}, fp8dit "
+          f"{fp8dit.__version__}", flush=True)
+    return device
+
+
 def sdpa_baselines(parser, text: str, allowed=("auto", "cudnn", "flash", "efficient")) -> list:
     """``--sdpa a,b,...`` of the forward benchmarks as a list, or a parser error naming what
     was not allowed."""
@@ -161,24 +190,16 @@ def graph_breaks(model, inputs) -> tuple[int, list[str]]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_wan_forward: needs a CUDA GPU; torch sees none (nothing measured)")
-        return 2
-    import diffusers
-    import triton
-
-    import fp8dit
     from fp8dit.demo import PRESETS, build_model
 
-    device = torch.device("cuda")
     preset = PRESETS[f"wan2.2-a14b-{args.resolution}"]
     cfg = preset["config"]
     frames, height, width = preset["latent"]
     tokens = frames * (height // 2) * (width // 2)
-    gpu = torch.cuda.get_device_name(device)
-    print(f"{gpu}: Wan2.2-A14B transformer, {args.layers} blocks, {args.resolution} "
-          f"({tokens} tokens), bf16; torch {torch.__version__}, triton {triton.__version__}, "
-          f"diffusers {diffusers.__version__}, fp8dit {fp8dit.__version__}", flush=True)
+    device = cuda_device("bench_wan_forward", f"Wan2.2-A14B transformer, {args.layers} blocks, "
+                         f"{args.resolution} ({tokens} tokens)")
+    if device is None:
+        return 2
 
     baseline = f"sdpa-{args.sdpa}"
     names = (baseline, "fp8dit")

@@ -34,6 +34,21 @@ def device():
     return DEVICE
 
 
+def explain_with_fp8dit(model, inputs: dict):
+    """``torch._dynamo.explain`` of one forward of a diffusers ``model`` with fp8dit enabled
+    (fp8dit disabled and dynamo reset afterwards)."""
+    from fp8dit.integrations import diffusers as fd
+
+    fd.enable(model)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            return torch._dynamo.explain(model)(**inputs, return_dict=False)
+    finally:
+        torch._dynamo.reset()
+        fd.disable(model)
+
+
 @pytest.fixture
 def fp8_at_any_length(monkeypatch):
     """On a GPU, ``auto`` sends short sequences (these tests' tiny models) to SDPA

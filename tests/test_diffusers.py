@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("diffusers")
 
 import diffusers.models.attention_dispatch as ad  # noqa: E402
+from conftest import explain_with_fp8dit  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit.capture import attention_layer_outputs  # noqa: E402
@@ -303,12 +304,5 @@ def test_compiled_tiny_wan_whose_calls_fall_back_has_no_graph_break(tiny_wan, mo
         dispatch.BACKENDS["fp8"], auto_check=lambda q, k, v, is_causal=False, tokens=None:
         "too short (test)"))
     monkeypatch.delenv("FP8DIT_BACKEND", raising=False)
-    fp8dit.enable(model)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            explanation = torch._dynamo.explain(model)(**inputs, return_dict=False)
-    finally:
-        torch._dynamo.reset()
-        fd.disable(model)
+    explanation = explain_with_fp8dit(model, inputs)
     assert explanation.graph_break_count == 0, explanation.break_reasons

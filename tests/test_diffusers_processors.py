@@ -12,6 +12,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 import diffusers.models.attention_processor as ap  # noqa: E402
+from conftest import explain_with_fp8dit  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit.capture import capture_qkv  # noqa: E402
@@ -166,14 +167,7 @@ def test_capture_saves_cogvideox_calls_and_puts_the_processors_back(tmp_path):
 
 def test_no_graph_break_in_a_compiled_cogvideox_forward():
     model, inputs = tiny_cogvideox()
-    fd.enable(model)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            explanation = torch._dynamo.explain(model)(**inputs, return_dict=False)
-    finally:
-        torch._dynamo.reset()
-        fd.disable(model)
+    explanation = explain_with_fp8dit(model, inputs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert "fp8dit.attention_fp8" in "".join(g.code for g in explanation.graphs)
 
