@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import fp8dit
+from fp8dit import launch
 from fp8dit.recipes import RECIPES, get_recipe
 from fp8dit.testing import (
     attention_emulated,
@@ -62,6 +63,45 @@ def test_fp8_matches_fp64(case, device):
     emu = error_stats(attention_emulated(q, k, v, get_recipe(None), is_causal=causal), ref)
     assert st.rel_l1 <= EMULATION_FACTOR * emu.rel_l1 + 1e-3, (st, emu)
     assert (lse.double() - ref_lse).abs().max() <= LSE_ABS_MAX
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["gluon", "gluon-ws"])
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_sm90_kernels_match_fp64(case, kernel, monkeypatch):
+    """The Gluon kernels, forced, on the same cases: their masked steps (odd lengths, causal
+    diagonals, split-KV chunks; scores masked in the dot's preset since session 17) against
+    fp64 with the Triton kernel's bounds. The interpreter cannot run Gluon: GPU only."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU")
+    monkeypatch.setenv("FP8DIT_KERNEL", kernel)
+    B, Sq, Sk, H, Hkv, D, causal, splits = case
+    dev = torch.device("cuda")
+    plan, cfg = launch.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
+                                num_kv_heads=Hkv, head_dim=D, is_causal=causal, device=dev,
+                                num_splits=splits)
+    assert launch.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
+    test_fp8_matches_fp64(case, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["gluon", "gluon-ws"])
+def test_sm90_kernels_varlen_with_an_empty_sequence(kernel, monkeypatch):
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU")
+    monkeypatch.setenv("FP8DIT_KERNEL", kernel)
+    dev = torch.device("cuda")
+    for causal in (False, True):  # test_varlen_mixed_lengths' calls run the kernel asked for
+        plan, cfg = launch.plan_for([113, 0, 300, 1], [200, 50, 239, 17], varlen=True,
+                                    num_heads=4, num_kv_heads=2, head_dim=64,
+                                    is_causal=causal, device=dev)
+        assert launch.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
+    test_varlen_mixed_lengths("cuda")
+    test_varlen_empty_key_sequence_gives_zeros_and_minus_inf("cuda")
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
