@@ -11,7 +11,7 @@ GPU runs at its power cap and its clock drifts as it warms; one forward is far l
 any cache, so inputs are not rotated), peak memory, and the output's cosine and rel-L1
 against the eager bf16 SDPA forward.
 
-``--compile`` adds torch.compile'd rows (both backends) and counts fp8dit's graph breaks with
+``--compile`` adds torch.compile'd rows (both backends) and counts each model's graph breaks with
 ``torch._dynamo.explain``; ``--cuda-graph`` captures each forward after warm-up and replays it.
 Rows are appended to ``benchmarks/results/<gpu>-wan-forward.json``; a table is printed last.
 
@@ -290,8 +290,9 @@ def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: i
     with torch.no_grad():
         for mode in modes:
             torch._dynamo.reset()
-            if mode == "compile":  # explain() resets dynamo: before either model compiles
-                breaks = graph_breaks(models["fp8dit"], inputs)
+            if mode == "compile":  # explain() resets dynamo: before any model compiles
+                # every model's: a break the model itself makes shows in the baselines too
+                breaks = {name: graph_breaks(models[name], inputs) for name in names}
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             base = torch.cuda.memory_allocated(device)  # both models and the inputs
@@ -304,8 +305,7 @@ def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: i
                 try:
                     model = models[name]
                     if mode == "compile":
-                        if name == "fp8dit":
-                            row["graph_breaks"], row["break_reasons"] = breaks
+                        row["graph_breaks"], row["break_reasons"] = breaks[name]
                         call = forward(torch.compile(model), name)
                         out = call()  # compiles
                     elif mode == "cuda-graph":
@@ -372,7 +372,7 @@ def report(rows: list[dict], baseline: str, out_path: Path | None, suffix: str) 
     print(f"\nwrote {len(rows)} rows to {out_path}")
     for r in rows:
         if r.get("graph_breaks") is not None:
-            print(f"fp8dit graph breaks under torch.compile: {r['graph_breaks']}"
+            print(f"{r['backend']} graph breaks under torch.compile: {r['graph_breaks']}"
                   + (" (" + "; ".join(r["break_reasons"][:5]) + ")" if r["break_reasons"] else ""))
     print(f"\n{'mode':11s} {'backend':12s} {'median ms':>10s} {'min ms':>9s} {'speed-up':>9s} "
           f"{'cos vs bf16':>12s} {'peak GiB':>9s}")

@@ -98,6 +98,20 @@ def test_per_query_masks_of_kept_queries_and_keys():
     assert kp.key_lengths(cross, 2, 12, sq=7) == ((5, 9), None)
 
 
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 300), (257, 1), (130, 513)])
+def test_mask_reading_kernel_matches_torch(sq, sk, device):
+    # HunyuanVideo 1.5's per-query masks are read by one kernel (row counts, column any):
+    # random, all-False and all-True batches, a batch broadcast by stride 0, a transposed view.
+    gen = torch.Generator().manual_seed(sq * 1000 + sk)
+    m = torch.rand(3, sq, sk, generator=gen) < 0.3
+    m[1], m[2] = False, True
+    wide = torch.rand(1, sk, sq, generator=gen) < 0.5
+    for mm in (m, m[:1].expand(4, sq, sk), wide.transpose(1, 2)):
+        counts, keys = kp._row_counts_and_key_any(mm.to(device))
+        assert counts.dtype == torch.int64 and keys.dtype == torch.bool
+        assert torch.equal(counts.cpu(), mm.sum(-1)) and torch.equal(keys.cpu(), mm.any(-2))
+
+
 def test_per_query_mask_runs_fp8_over_the_prefix_and_zeroes_dropped_rows():
     lens, S = [37, 64], 64
     q, k, v = _qkv(2, S, S, 2, 64, seed=11)

@@ -30,12 +30,16 @@ shape not seen as a prefix run SDPA with the mask under capture.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
 import torch
+import triton
 
+from . import env
 from .dispatch import _log_once
+from .kernels.mask_stats import mask_row_counts_col_any_kernel
 from .launch import fp8_attention_fwd, plan_for
 from .recipes import Recipe
 from .sdpa import sdpa_attention
@@ -101,16 +105,37 @@ def _checked(lens, prefix_ok) -> tuple:
     return tuple(int(x) for x in lens), None
 
 
+# Rows per program and columns per step of the mask-reading kernel: 64 x 256 bytes a step
+# (64 values a thread with 8 warps); its partial table is Sk bytes per 64 rows (41 MB at 480p).
+MASK_BLOCK_R, MASK_BLOCK_C = 64, 256
+
+
+def _row_counts_and_key_any(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row True counts (int64 ``[B', Sq]``) and per-column ``any`` (bool ``[B', Sk]``)
+    of a boolean ``[B', Sq, Sk]`` mask. On a GPU (and in the interpreter) one kernel reads
+    each byte once (``kernels.mask_stats``); elsewhere torch."""
+    if m.device.type != "cuda" and not env.triton_interpret():
+        return m.sum(-1), m.any(-2)
+    B, Sq, Sk = m.shape
+    counts = torch.empty(B, Sq, dtype=torch.int32, device=m.device)
+    part = torch.empty(B, triton.cdiv(Sq, MASK_BLOCK_R), Sk, dtype=torch.int8, device=m.device)
+    u8 = m.view(torch.uint8)  # bool's bytes are 0 or 1
+    with torch.cuda.device(m.device) if m.is_cuda else contextlib.nullcontext():
+        mask_row_counts_col_any_kernel[(part.shape[1], B)](
+            u8, *u8.stride(), Sq, Sk, counts, part,
+            BLOCK_R=MASK_BLOCK_R, BLOCK_C=MASK_BLOCK_C, num_warps=8)
+    return counts.long(), part.amax(1) > 0
+
+
 def _read_query_key_lengths(m: torch.Tensor) -> tuple:
     """``m`` [B', Sq, Sk]: (lengths, None, dropped query rows or None) when it is (kept query)
     & (kept key) with the kept keys a non-empty prefix, else (None, reason, None).
 
-    Two reductions over the mask (it is S^2 bytes: these passes are the cost) and one host
-    read, nothing of the mask's size allocated: the mask lies inside the outer product of its
-    rows' and columns' ``any``, so it equals it exactly when its count is (kept rows) x (kept
-    keys)."""
-    per_row = m.sum(-1)
-    rows, keys = per_row > 0, m.any(-2)
+    One read of the mask (it is S^2 bytes: that read is the cost) and one host read, nothing
+    of the mask's size allocated: the mask lies inside the outer product of its rows' and
+    columns' ``any``, so it equals it exactly when its count is (kept rows) x (kept keys)."""
+    per_row, keys = _row_counts_and_key_any(m)
+    rows = per_row > 0
     n, r = keys.sum(-1), rows.sum(-1)
     cols = torch.arange(m.shape[-1], device=m.device)
     prefix = (keys == (cols[None, :] < n[:, None])).all(-1)
