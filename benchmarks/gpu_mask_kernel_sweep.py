@@ -95,10 +95,11 @@ def main(argv=None) -> int:
     print(f"{'torch sum + any':28s} {med:7.3f} ms")
     variants = [("bytes", run_bytes, cfg) for cfg in
                 ((64, 256, 8), (32, 512, 4), (32, 256, 4), (16, 1024, 4), (128, 128, 8),
-                 (64, 512, 8), (128, 256, 8))]
+                 (64, 512, 8), (128, 256, 8), (16, 512, 1), (32, 512, 1), (64, 512, 2),
+                 (32, 1024, 2))]
     variants += [("words", run_words, cfg) for cfg in
                  ((64, 64, 8), (32, 128, 4), (16, 256, 4), (64, 128, 8), (128, 64, 8),
-                  (32, 64, 4))]
+                  (32, 64, 4), (16, 128, 1), (32, 128, 1), (64, 128, 2))]
     for name, fn, cfg in variants:
         try:
             counts, part = fn(m, *cfg)
