@@ -8,7 +8,9 @@ the H200's ~4 TB/s. Each program reduces its rows' column ``any`` across warps e
 This times, same process, the library kernel at several (rows, columns, warps) and a variant
 that reads the mask as int32 words (four keys a word: a row's count from one multiply per
 word, the column ``any`` as a bitwise OR of words, a quarter of the elements to reduce), each
-checked against torch.
+checked against torch, and a third layout: programs that own a block of columns (their
+column ``any`` accumulates elementwise, reduced once; each step's row sums go to a small table,
+a reduction within a warp). The ``cols`` times include torch's sum of that table.
 """
 
 from __future__ import annotations
@@ -51,6 +53,41 @@ def words_kernel(m_ptr, m_sb, m_sq, Sq, Wk, count_ptr, part_ptr,
         count += tl.sum((x * 0x01010101) >> 24, 1)  # bytes are 0/1: their sum, top byte
         tl.store(part + ws, tl.reduce(x, 0, _or), mask=w_ok)
     tl.store(count_ptr + b.to(tl.int64) * Sq + rows, count, mask=row_ok)
+
+
+@triton.jit
+def cols_kernel(m_ptr, m_sb, m_sq, Sq, Sk, rows_per_prog, rowpart_ptr, colpart_ptr,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A program owns BLOCK_C columns of ``rows_per_prog`` rows (batch 1): the column ``any``
+    accumulates elementwise over its steps (reduced once), each step's row sums go to a
+    [column blocks, Sq] table (a reduction along the columns, within a warp)."""
+    pid_c = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < Sk
+    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.int32)
+    r_begin = pid_r * rows_per_prog
+    r_end = tl.minimum(r_begin + rows_per_prog, Sq)
+    for r0 in range(r_begin, r_end, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        row_ok = rows < r_end
+        x = tl.load(m_ptr + rows.to(tl.int64)[:, None] * m_sq + cols[None, :],
+                    mask=row_ok[:, None] & col_ok[None, :], other=0).to(tl.int32)
+        acc = tl.maximum(acc, x)
+        tl.store(rowpart_ptr + pid_c.to(tl.int64) * Sq + rows, tl.sum(x, 1), mask=row_ok)
+    tl.store(colpart_ptr + pid_r.to(tl.int64) * Sk + cols, tl.max(acc, 0).to(tl.int8),
+             mask=col_ok)
+
+
+def run_cols(m, br, bc, warps, rows_per_prog=2048):
+    _, Sq, Sk = m.shape
+    u8 = m.view(torch.uint8)
+    n_c, n_r = triton.cdiv(Sk, bc), triton.cdiv(Sq, rows_per_prog)
+    rowpart = torch.empty(n_c, Sq, dtype=torch.int32, device=m.device)
+    colpart = torch.empty(n_r, Sk, dtype=torch.int8, device=m.device)
+    cols_kernel[(n_c, n_r)](u8, u8.stride(0), u8.stride(1), Sq, Sk, rows_per_prog, rowpart,
+                            colpart, BLOCK_R=br, BLOCK_C=bc, num_warps=warps)
+    return rowpart.sum(0, keepdim=True), colpart[None]
 
 
 def run_bytes(m, br, bc, warps):
@@ -100,13 +137,17 @@ def main(argv=None) -> int:
     variants += [("words", run_words, cfg) for cfg in
                  ((64, 64, 8), (32, 128, 4), (16, 256, 4), (64, 128, 8), (128, 64, 8),
                   (32, 64, 4), (16, 128, 1), (32, 128, 1), (64, 128, 2))]
+    variants += [("cols", run_cols, cfg) for cfg in
+                 ((16, 512, 4), (32, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 1),
+                  (64, 512, 8), (16, 512, 4, 1024), (16, 512, 4, 4096))]
     for name, fn, cfg in variants:
         try:
             counts, part = fn(m, *cfg)
             ok = (torch.equal(counts.long(), ref_counts)
                   and torch.equal(part.amax(1) > 0, ref_any))
             med, low = time_ms(lambda fn=fn, cfg=cfg: fn(m, *cfg), 3, args.repeats)
-            print(f"{name} rows {cfg[0]:4d} cols {cfg[1]:5d} warps {cfg[2]}: {med:7.3f} ms "
+            print(f"{name} rows {cfg[0]:4d} cols {cfg[1]:5d} warps {cfg[2]} {cfg[3:]}: "
+                  f"{med:7.3f} ms "
                   f"(min {low:.3f}, {m.numel() / med / 1e6:.0f} GB/s) {'ok' if ok else 'WRONG'}")
         except Exception as e:  # noqa: BLE001 - one variant's failure is reported, not fatal
             print(f"{name} {cfg}: {type(e).__name__}: {str(e)[:200]}")
