@@ -5,7 +5,7 @@ HunyuanVideo 1.5 hands every attention call a new ``[B, 1, S, S]`` mask (S^2 byt
 to see it as (kept queries) x (kept keys). torch's ``mask.sum(-1)`` and ``mask.any(-2)`` took
 14.8 ms there on the H200, against 21 ms for the FP8 attention itself (run s17-1): the sum of a
 bool tensor goes through int64. This reads each byte once: one program per ``BLOCK_R`` rows
-counts them and writes its rows' column ``any`` as one int8 row of a small partial table
+counts them and writes its rows' column ``any`` as one row of a small partial table
 (``Sq / BLOCK_R`` rows), which torch then reduces (no atomics: the same result every run).
 """
 
@@ -14,24 +14,41 @@ import triton.language as tl
 
 
 @triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
 def mask_row_counts_col_any_kernel(
     m_ptr, m_sb, m_sq, m_sk, Sq, Sk,
     count_ptr,  # [B, Sq] int32: True entries per row
-    part_ptr,  # [B, cdiv(Sq, BLOCK_R), Sk] int8: 1 where a column holds a True in the rows
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    part_ptr,  # [B, cdiv(Sq, BLOCK_R), part_cols]: a column's any over the program's rows
+    part_cols,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PACK_WORDS: tl.constexpr,
 ):
+    """``PACK_WORDS``: the table is int32 words, four neighbouring columns as the bytes of one
+    (``part_cols`` = cdiv(Sk, 4); read as int8 it is the byte table): the program's rows are
+    reduced (OR) as a quarter of the elements, where the byte table's cross-warp max of every
+    column each step ran at ~0.8 TB/s (run s17-3, ``benchmarks/gpu_mask_kernel_sweep.py``)."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < Sq
     base = m_ptr + b.to(tl.int64) * m_sb + rows.to(tl.int64)[:, None] * m_sq
-    part = part_ptr + (b * tl.num_programs(0) + pid).to(tl.int64) * Sk
+    part = part_ptr + (b * tl.num_programs(0) + pid).to(tl.int64) * part_cols
     count = tl.zeros([BLOCK_R], tl.int32)
     for c0 in range(0, Sk, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         col_ok = cols < Sk
         x = tl.load(base + cols.to(tl.int64)[None, :] * m_sk,
                     mask=row_ok[:, None] & col_ok[None, :], other=0).to(tl.int32)
-        count += tl.sum(x, 1)
-        tl.store(part + cols, tl.max(x, 0).to(tl.int8), mask=col_ok)
+        if PACK_WORDS:
+            shifts = tl.arange(0, 4) * 8
+            w = tl.sum(tl.reshape(x, [BLOCK_R, BLOCK_C // 4, 4]) << shifts[None, None, :], 2)
+            count += tl.sum((w * 0x01010101) >> 24, 1)  # bytes 0/1: their sum, the top byte
+            words = c0 // 4 + tl.arange(0, BLOCK_C // 4)
+            tl.store(part + words, tl.reduce(w, 0, _bit_or), mask=words < part_cols)
+        else:
+            count += tl.sum(x, 1)
+            tl.store(part + cols, tl.max(x, 0).to(tl.int8), mask=col_ok)
     tl.store(count_ptr + b.to(tl.int64) * Sq + rows, count, mask=row_ok)
