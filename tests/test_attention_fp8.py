@@ -74,8 +74,8 @@ def _sm90() -> bool:
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
 def test_sm90_kernels_match_fp64(case, kernel, monkeypatch):
     """The Gluon kernels, forced, on the same cases: their masked steps (odd lengths, causal
-    diagonals, split-KV chunks; scores masked in the dot's preset since session 17) against
-    fp64 with the Triton kernel's bounds. The interpreter cannot run Gluon: GPU only."""
+    diagonals, split-KV chunks) against fp64 with the Triton kernel's bounds. The interpreter
+    cannot run Gluon: GPU only."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setenv("FP8DIT_KERNEL", kernel)

@@ -46,11 +46,6 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 P_SHIFT = gl.constexpr(8.0)
 I2F_MAGIC_BITS = gl.constexpr(0x4B400000)
 I2F_MAGIC = gl.constexpr(12582912.0)
-# Masked scores preset into the QK accumulator (``attention_sm90_ws._masked_preset``) take the
-# bits of -2^100 (0xF1800000) instead of I2F_MAGIC_BITS: the int32 dot added to them
-# (|dot| < 2^22) keeps the float below -2^98, whose exponential is 0 at any scale >= the
-# quantizer's floor, and a row whose block max is below MASKED_MAX had no key in the block.
-MASKED_MAX = gl.constexpr(-1.2379400392853803e27)  # -2^90
 V_GRID_PHI = gl.constexpr(0.6180339887498949)
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -83,16 +78,6 @@ def _row_max(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.con
 
 
 @gluon.jit
-def _scaled_max(mx, c, PRESET: gl.constexpr):
-    """A raw row max of MAGIC + s as the scaled score max; with ``PRESET`` (masked keys
-    preset to -2^100), -inf where the row had no key (``MASKED_MAX``), as a select would give."""
-    m = (mx - I2F_MAGIC) * c
-    if PRESET:
-        m = gl.where(mx < MASKED_MAX, float("-inf"), m)
-    return m
-
-
-@gluon.jit
 def _row_sum(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.constexpr):
     x3 = gl.reshape(x, [BLOCK_M, BLOCK_N // 16, 16])
     r = gl.sum(gl.sum(x3, axis=1), axis=1)
@@ -107,7 +92,9 @@ def _scores(s_i, col0, masked, k_len, rows, BLOCK_N: gl.constexpr, IS_CAUSAL: gl
     s = s_i.to(gl.float32, bitcast=True)
     if masked:
         cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        if IS_CAUSAL:  # cols < k_len and cols <= rows, one compare per score
+        if IS_CAUSAL:  # cols < k_len and cols <= rows in one compare per score: the two
+            # compares spilled 5 per main-loop step and 32 in the tail of the causal
+            # warp-specialized kernel (sm_90, triton 3.6), none with this form
             valid = gl.expand_dims(cols, 0) < gl.expand_dims(gl.minimum(rows + 1, k_len), 1)
         else:
             valid = gl.expand_dims(cols < k_len, 0)
@@ -129,10 +116,8 @@ def _to_a_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, p_layout: gl.
 def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   ABLATE_EXP: gl.constexpr = 0, ABLATE_MISC: gl.constexpr = 0,
-                   PRESET: gl.constexpr = False):
+                   ABLATE_EXP: gl.constexpr = 0, ABLATE_MISC: gl.constexpr = 0):
     """Scores of kv block ``kb`` -> (fp32 P in the PV dot's A layout, m, l, alpha).
-    ``PRESET``: the masked keys were preset into the dot (``MASKED_MAX``); ``masked`` False.
 
     ``ABLATE_EXP`` (benchmarks only, wrong results): 1 replaces P's exp2 by an FFMA (the
     kernel without its MUFU work); 2 (and 3) skip the softmax (P = S: only the dots and the
@@ -146,7 +131,7 @@ def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
         return p, m_i, l_i, alpha
     s = _scores(s_i, kb * BLOCK_N, masked, k_len, rows, BLOCK_N, IS_CAUSAL, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    m_new = gl.maximum(m_i, _scaled_max(_row_max(s, BLOCK_M, BLOCK_N, row_layout), c, PRESET))
+    m_new = gl.maximum(m_i, (_row_max(s, BLOCK_M, BLOCK_N, row_layout) - I2F_MAGIC) * c)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
     x = s * gl.expand_dims(c, 1) - gl.expand_dims(m_ref - P_SHIFT + I2F_MAGIC * c, 1)

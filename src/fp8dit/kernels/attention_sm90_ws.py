@@ -50,7 +50,6 @@ from .attention_sm90 import (
     _p_to_fp8,
     _row_max,
     _row_sum,
-    _scaled_max,
     _scores,
     _softmax_block,
     _tma_load,
@@ -137,14 +136,9 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     # Every warp of this warpgroup is past PV(kb-2): block kb-2's slot is free.
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    PRESET: gl.constexpr = MASKED and not IS_CAUSAL  # masked keys preset into the dot
-    if PRESET:
-        s_acc = _masked_preset(s_init, kb * BLOCK_N, k_len, BLOCK_N, s_layout)
-    else:
-        s_acc = s_init
     n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
     # ABLATE_MISC & 1, timing only: no magic preset of S (wrong scores)
-    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_acc,
+    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init,
                           use_acc=(ABLATE_MISC & 1) == 0, is_async=True)
     if TWO_LEVEL:
         acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
@@ -158,8 +152,8 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     c = q_scale * gl.load(ks_base + kb)
     s_i = warpgroup_mma_wait(1, deps=[s_tok])
     p, m_i, l_i, alpha = _softmax_block(
-        s_i, m_i, l_i, c, kb, MASKED and not PRESET, k_len, rows,
-        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP, ABLATE_MISC, PRESET)
+        s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
+        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP, ABLATE_MISC)
     step_prev = step
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
     return p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns
@@ -189,43 +183,25 @@ def _magic_preset(like):
 
 
 @gluon.jit
-def _masked_preset(like, col0, k_len, SUB_N: gl.constexpr, s_layout: gl.constexpr):
-    """``_magic_preset`` with the columns from ``col0`` at or past ``k_len`` preset to the
-    bits of -2^100 (see ``attention_sm90.MASKED_MAX``), so a masked non-causal step needs no
-    select over S after the dot: selecting over S (128 registers live, the predicates next to
-    them) spilled 10-13 registers per masked 256-key step at both head dims (sm_90, triton
-    3.6); here the select writes the registers the dot then accumulates into. The softmax
-    then reads a block max below MASKED_MAX as "no key" (``_scaled_max``). Causal steps keep
-    the select: the diagonal in the preset spilled more, 16 per step with triton 3.9."""
-    cols = col0 + gl.arange(0, SUB_N, layout=gl.SliceLayout(0, s_layout))
-    valid = like * 0 + gl.expand_dims((cols < k_len).to(gl.int32), 0)
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $1, 0; selp.b32 $0, 0x4B400000, 0xF1800000, p; }",
-        "=r,r", [valid], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
-                        P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True,
-                        PRESET: gl.constexpr = False):
+                        P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True):
     """Softmax of a 256-key block from its two QK dots: one max over both halves, both
     halves' fp8 P (the PV dots' A operands) stored into ``p_a``/``p_b`` unless ``P_REGS``;
     returns (m, l, alpha, P of each half). ``ROW_SUM`` False: l is returned unchanged (the
-    caller sums P with the row-sum dot). ``PRESET``: the masked keys were preset into the
-    dots (``_masked_preset``), and ``MASKED`` is False."""
+    caller sums P with the row-sum dot)."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
     if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
         c_a = q_scale * gl.load(ks_base + 2 * kb)
         c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
-        m_a = _scaled_max(_row_max(s_a, BLOCK_M, SUB_N, row_s), c_a, PRESET)
+        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
         s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
                       MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-        m_b = _scaled_max(_row_max(s_b, BLOCK_M, SUB_N, row_s), c_b, PRESET)
+        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
         m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
     else:  # one scale for the block: the max over both halves' raw scores, then scaled
         c_a = q_scale * gl.load(ks_base + kb)
@@ -234,7 +210,7 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
                       MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
         mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
-        m_new = gl.maximum(m_i, _scaled_max(mx, c_a, PRESET))
+        m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
     bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
@@ -284,25 +260,18 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    # The masked keys preset into the dots (non-causal; made after the wait: made before it,
-    # the D=128 main loop spilled 6 per step, sm_90, triton 3.6).
-    PRESET: gl.constexpr = MASKED and not IS_CAUSAL
-    if PRESET:
-        preset_a = _masked_preset(s_init, kb * BLOCK_N, k_len, SUB_N, s_layout)
-        preset_b = _masked_preset(s_init, kb * BLOCK_N + SUB_N, k_len, SUB_N, s_layout)
-    else:
-        preset_a = _magic_preset(s_init)
-        preset_b = _magic_preset(s_init)
     # ABLATE_MISC (timing only, wrong results): 1 = no magic preset of the QK accumulators,
     # 2 = no fold of the block's PV sum into the fp32 sum
-    sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)), preset_a,
-                           use_acc=(ABLATE_MISC & 1) == 0, is_async=True)
-    sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)), preset_b,
-                           use_acc=(ABLATE_MISC & 1) == 0, is_async=True)
+    sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
+                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
+                           is_async=True)
+    sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
+                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
+                           is_async=True)
     m_new, l_new, alpha, p8a, p8b = _wide_block_softmax(
-        sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
-        MASKED and not PRESET, BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB,
-        P_REGS, not ROWSUM_DOT, PRESET)
+        sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
+        not ROWSUM_DOT)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)

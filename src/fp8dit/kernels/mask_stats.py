@@ -14,41 +14,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _bit_or(a, b):
-    return a | b
-
-
-@triton.jit
 def mask_row_counts_col_any_kernel(
     m_ptr, m_sb, m_sq, m_sk, Sq, Sk,
     count_ptr,  # [B, Sq] int32: True entries per row
-    part_ptr,  # [B, cdiv(Sq, BLOCK_R), part_cols]: a column's any over the program's rows
-    part_cols,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PACK_WORDS: tl.constexpr,
+    part_ptr,  # [B, cdiv(Sq, BLOCK_R), Sk] int8: 1 where a column holds a True in the rows
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """``PACK_WORDS``: the table is int32 words, four neighbouring columns as the bytes of one
-    (``part_cols`` = cdiv(Sk, 4); read as int8 it is the byte table): the program's rows are
-    reduced (OR) as a quarter of the elements, where the byte table's cross-warp max of every
-    column each step ran at ~0.8 TB/s (run s17-3, ``benchmarks/gpu_mask_kernel_sweep.py``)."""
+    """Each step reduces its rows' column ``any`` across the warps: that reduction, not the
+    read, sets the speed (run s17-4, ``benchmarks/gpu_mask_kernel_sweep.py``: 64 x 256 bytes
+    with 8 warps 3.3 ms at 480p, 32 x 512 with 4 warps 2.1 ms, 16 x 1024 1.8 ms; reading the
+    mask as int32 words, a quarter of the elements, 0.8 ms where rows are 4-byte aligned,
+    which the model's odd length rules out; packing a thread's bytes into words in registers
+    first was slower, 2.6-7.8 ms)."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < Sq
     base = m_ptr + b.to(tl.int64) * m_sb + rows.to(tl.int64)[:, None] * m_sq
-    part = part_ptr + (b * tl.num_programs(0) + pid).to(tl.int64) * part_cols
+    part = part_ptr + (b * tl.num_programs(0) + pid).to(tl.int64) * Sk
     count = tl.zeros([BLOCK_R], tl.int32)
     for c0 in range(0, Sk, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         col_ok = cols < Sk
         x = tl.load(base + cols.to(tl.int64)[None, :] * m_sk,
                     mask=row_ok[:, None] & col_ok[None, :], other=0).to(tl.int32)
-        if PACK_WORDS:
-            shifts = tl.arange(0, 4) * 8
-            w = tl.sum(tl.reshape(x, [BLOCK_R, BLOCK_C // 4, 4]) << shifts[None, None, :], 2)
-            count += tl.sum((w * 0x01010101) >> 24, 1)  # bytes 0/1: their sum, the top byte
-            words = c0 // 4 + tl.arange(0, BLOCK_C // 4)
-            tl.store(part + words, tl.reduce(w, 0, _bit_or), mask=words < part_cols)
-        else:
-            count += tl.sum(x, 1)
-            tl.store(part + cols, tl.max(x, 0).to(tl.int8), mask=col_ok)
+        count += tl.sum(x, 1)
+        tl.store(part + cols, tl.max(x, 0).to(tl.int8), mask=col_ok)
     tl.store(count_ptr + b.to(tl.int64) * Sq + rows, count, mask=row_ok)
