@@ -29,6 +29,13 @@ from fp8dit import key_padding  # noqa: E402
 from fp8dit.recipes import get_recipe  # noqa: E402
 
 
+def tokens(resolution: str, kept_text: int = 120 + 16) -> tuple[int, int]:
+    """(all tokens, kept tokens) of a HunyuanVideo 1.5 text-to-video call at ``resolution``:
+    the video, then the prompt, glyph and image tokens, of which ``kept_text`` are real."""
+    f, h, w = LATENTS[resolution]
+    return f * h * w + TEXT + TEXT_2 + IMAGE, f * h * w + kept_text
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--resolution", choices=sorted(LATENTS), default="480p")
@@ -38,9 +45,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_mask_check: no CUDA device; nothing measured")
         return 2
-    f, h, w = LATENTS[args.resolution]
-    video = f * h * w
-    s, kept = video + TEXT + TEXT_2 + IMAGE, video + args.kept
+    s, kept = tokens(args.resolution, args.kept)
     heads, dim = 16, 128
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

@@ -28,8 +28,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_hunyuan15_forward import IMAGE, LATENTS, TEXT, TEXT_2  # noqa: E402
+from bench_hunyuan15_forward import LATENTS  # noqa: E402
 from bench_wan_forward import time_ms  # noqa: E402
+from gpu_mask_check import tokens  # noqa: E402
 
 from fp8dit import key_padding  # noqa: E402
 
@@ -84,9 +85,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_mask_kernel_sweep: no CUDA device; nothing measured")
         return 2
-    f, h, w = LATENTS[args.resolution]
-    s = f * h * w + TEXT + TEXT_2 + IMAGE
-    kept = f * h * w + 136
+    s, kept = tokens(args.resolution)
     print(f"{args.resolution}: mask [1, {s}, {s}], {s * s / 1e9:.2f} GB; "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for size in (s, s - s % 4):  # the model's length, then one the word variant can read
