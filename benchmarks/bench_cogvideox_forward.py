@@ -25,6 +25,7 @@ import sys
 
 import torch
 from bench_wan_forward import (
+    backend_models,
     cuda_device,
     pin_backends,
     run_and_report,
@@ -112,8 +113,7 @@ def main(argv=None) -> int:
         return 2
     from fp8dit.integrations import diffusers as fd
 
-    names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
-    models = {name: build_model(args, device) for name in names}
+    models = backend_models(args.sdpa, lambda: build_model(args, device))
     for model in models.values():
         fd.route_through_dispatcher(model)  # the baselines too: "native" is then diffusers' own
     inputs = forward_inputs(args, device)

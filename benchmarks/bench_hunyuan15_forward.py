@@ -22,6 +22,7 @@ import sys
 
 import torch
 from bench_wan_forward import (
+    backend_models,
     cuda_device,
     pin_backends,
     run_and_report,
@@ -102,8 +103,7 @@ def main(argv=None) -> int:
         f"{TEXT + TEXT_2 + IMAGE} conditioning tokens, {video + args.kept + args.kept_2} kept)"))
     if device is None:
         return 2
-    names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
-    models = {name: build_model(args, device) for name in names}
+    models = backend_models(args.sdpa, lambda: build_model(args, device))
     inputs = forward_inputs(args, device)
     pin_backends(models)
     return run_and_report(models, inputs, args, "hunyuan15-forward", dict(

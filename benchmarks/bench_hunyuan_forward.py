@@ -20,6 +20,7 @@ import sys
 
 import torch
 from bench_wan_forward import (
+    backend_models,
     cuda_device,
     pin_backends,
     run_and_report,
@@ -136,8 +137,7 @@ def main(argv=None) -> int:
         f"{args.resolution} ({video} video tokens + {args.text} text, {args.kept} kept)"))
     if device is None:
         return 2
-    names = [f"sdpa-{s}" for s in args.sdpa] + ["fp8dit"]
-    models = {name: build_model(args, device) for name in names}
+    models = backend_models(args.sdpa, lambda: build_model(args, device))
     inputs = forward_inputs(args, device)
     kept = {"sdpa-cudnn-kept": register_kept_keys_baseline()} if "cudnn-kept" in args.sdpa \
         else {}

@@ -201,11 +201,8 @@ def main(argv=None) -> int:
     if device is None:
         return 2
 
-    baseline = f"sdpa-{args.sdpa}"
-    names = (baseline, "fp8dit")
-    # One model per backend (same seed, so the same weights): the backends alternate call by
-    # call, and a compiled model or captured graph cannot switch its attention backend.
-    models = {name: build_model(preset, args.layers, args.seed, device) for name in names}
+    models = backend_models([args.sdpa],
+                            lambda: build_model(preset, args.layers, args.seed, device))
     inputs = forward_inputs(preset, args.seed + 1, device)
     pin_backends(models)
     return run_and_report(models, inputs, args, "wan-forward", dict(
@@ -240,6 +237,13 @@ def run_and_report(models: dict, inputs: dict, args, suffix: str, meta: dict) ->
     rows = compare_forwards(models, inputs, baseline, modes, args.warmup, args.repeats, common,
                             model_bytes)
     return report(rows, baseline, Path(args.out) if args.out else None, suffix)
+
+
+def backend_models(baselines, build) -> dict:
+    """``{"sdpa-<kernel>": build(), ..., "fp8dit": build()}``: one model per backend (``build``
+    seeds its weights, so they are the same), since the backends alternate call by call and a
+    compiled model or captured graph cannot switch its attention backend."""
+    return {name: build() for name in [f"sdpa-{s}" for s in baselines] + ["fp8dit"]}
 
 
 def pin_backends(models: dict, layer_backends: dict | None = None) -> None:

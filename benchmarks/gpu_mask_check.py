@@ -3,12 +3,13 @@
     python3 benchmarks/gpu_mask_check.py [--resolution 480p] [--repeats 10]
 
 HunyuanVideo 1.5 builds a new ``[B, 1, S, S]`` mask, (valid query) & (valid key), in every
-attention call; fp8dit reads its key lengths with two reductions over it (S^2 bytes, 2.6 GB
-at 480p) and one host read (``key_padding._read_query_key_lengths``), then runs FP8 over the
-kept keys. This times, at the model's shape (16 heads x 128, batch 1), each in the same
-process: the check alone, fp8dit with the mask (cache cleared before each call, as a new mask
-each call misses it), fp8dit on the kept tokens without a mask, and SDPA with the mask (what
-diffusers' native backend runs), so the check's share of the call shows.
+attention call; fp8dit reads its key lengths from it (S^2 bytes, 2.6 GB at 480p: torch's sum
+and any until run s17-1, one kernel pass since, ``kernels.mask_stats``) and one host read
+(``key_padding._read_query_key_lengths``), then runs FP8 over the kept keys. This times, at
+the model's shape (16 heads x 128, batch 1), each in the same process: the check alone,
+fp8dit with the mask (cache cleared before each call, as a new mask each call misses it),
+fp8dit on the kept tokens without a mask, and SDPA with the mask (what diffusers' native
+backend runs), so the check's share of the call shows.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     recipe = get_recipe(None)
     qk, kk, vk = (t[:, :kept].contiguous() for t in (q, k, v))
     rows = {
-        "check (2 passes + host read)": check,
+        "check (mask read + host read)": check,
         "fp8dit, mask": fp8_masked,
         "fp8dit, kept tokens, no mask": lambda: fp8dit.attention(qk, kk, vk),
         "SDPA, mask (diffusers native)": lambda: sdpa(q, k, v, attn_mask=mask),
