@@ -9,7 +9,10 @@ and any until run s17-1, one kernel pass since, ``kernels.mask_stats``) and one 
 the model's shape (16 heads x 128, batch 1), each in the same process: the check alone,
 fp8dit with the mask (cache cleared before each call, as a new mask each call misses it),
 fp8dit on the kept tokens without a mask, and SDPA with the mask (what diffusers' native
-backend runs), so the check's share of the call shows.
+backend runs), so the check's share of the call shows. Also (session 18): diffusers' own build
+of that mask from the ``[B, S]`` token mask (``repeat``, then ``&`` with its transpose, in every
+call, whatever the backend), and fp8dit and SDPA given the ``[B, 1, 1, S]`` key mask instead,
+which keeps the valid rows' result and builds nothing of size S^2.
 """
 
 from __future__ import annotations
@@ -71,19 +74,36 @@ def main(argv=None) -> int:
     def sdpa(*t, **kw):
         return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in t), **kw)
 
+    def diffusers_build():  # HunyuanVideo15AttnProcessor2_0, diffusers 0.42.1
+        m1 = valid.view(1, 1, 1, s).repeat(1, 1, s, 1)
+        return (m1 & m1.transpose(2, 3)).bool()
+
+    key_mask = valid.view(1, 1, 1, s)
+
+    def fp8_key_mask():
+        key_padding._cache.clear()  # a new key mask each call too (the processor pads it)
+        return key_padding.key_padding_attention(q, k, v, key_mask, scale=dim ** -0.5,
+                                                 recipe=recipe, return_lse=False)[0]
+
     recipe = get_recipe(None)
+    assert torch.equal(diffusers_build(), mask)
     qk, kk, vk = (t[:, :kept].contiguous() for t in (q, k, v))
     rows = {
         "check (mask read + host read)": check,
         "fp8dit, mask": fp8_masked,
         "fp8dit, kept tokens, no mask": lambda: fp8dit.attention(qk, kk, vk),
         "SDPA, mask (diffusers native)": lambda: sdpa(q, k, v, attn_mask=mask),
+        "diffusers' S^2 mask build": diffusers_build,
+        "fp8dit, [1, 1, 1, S] key mask": fp8_key_mask,
+        "SDPA, [1, 1, 1, S] key mask": lambda: sdpa(q, k, v, attn_mask=key_mask),
     }
     out = fp8_masked()
     ref = sdpa(qk.float(), kk.float(), vk.float()).transpose(1, 2)
     cos = F.cosine_similarity(out[:, :kept].float().flatten(), ref.flatten(), dim=0)
     print(f"fp8dit with the mask vs fp32 SDPA over the kept tokens: cos {cos.item():.6f}; "
           f"dropped rows all zero: {bool((out[:, kept:] == 0).all())}")
+    same = torch.equal(fp8_key_mask()[:, :kept], out[:, :kept])
+    print(f"fp8dit with the key mask: valid rows bitwise equal to the S^2 mask's: {same}")
     del ref
     for name, fn in rows.items():
         med, low = time_ms(fn, warmup=2, repeats=args.repeats)
