@@ -8,9 +8,12 @@ diffusers' ``HunyuanVideo15Transformer3DModel`` at its released width (16 heads 
 prompt tokens of which ``--kept`` are real, 256 glyph tokens of which ``--kept-2``, and 729
 zero image tokens (text-to-video: all dropped). Every attention call builds a ``[B, 1, S, S]``
 mask, (valid query) & (valid key) with the valid tokens first: diffusers' ``native`` backend
-runs SDPA with it (``--sdpa``: torch's choice, or a kernel forced), fp8dit runs FP8 over the
-kept keys (``fp8dit.key_padding``). Timing, memory and accuracy as ``bench_wan_forward.py``
-(whose helpers this uses). Written in session 16, not yet run on a GPU.
+runs SDPA with it (``--sdpa``: torch's choice, or a kernel forced). ``fp8dit.enable`` replaces
+that processor (session 18, ``HunyuanVideo15KeyMaskProcessor``): fp8dit gets the ``[B, 1, 1, S]``
+key mask and runs FP8 over the kept keys (``fp8dit.key_padding``), with no S^2 mask built. The
+baseline ``auto-keymask`` is the fairer peer: diffusers' native backend with that processor
+too, so SDPA also gets the key mask. Timing, memory and accuracy as ``bench_wan_forward.py``
+(whose helpers this uses).
 
     python benchmarks/bench_hunyuan15_forward.py --layers 2 --repeats 5 --warmup 2
 """
@@ -48,7 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--sdpa", default="auto",
                    help="baselines, comma-separated: auto, cudnn, efficient (diffusers' native "
-                        "backend, SDPA with the mask, that kernel forced; auto: torch's choice)")
+                        "backend, SDPA with the mask, that kernel forced; auto: torch's choice), "
+                        "auto-keymask (SDPA given the [B, 1, 1, S] key mask instead)")
     p.add_argument("--compile", action="store_true", help="also torch.compile every model")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also capture and replay (fp8dit runs these masks through SDPA there)")
@@ -62,7 +66,7 @@ def parse_args(argv=None):
     if not 1 <= args.kept <= TEXT or not 0 <= args.kept_2 <= TEXT_2:
         p.error(f"--kept: expected 1..{TEXT}, --kept-2 0..{TEXT_2}, got {args.kept} and "
                 f"{args.kept_2}")
-    args.sdpa = sdpa_baselines(p, args.sdpa, ("auto", "cudnn", "efficient"))
+    args.sdpa = sdpa_baselines(p, args.sdpa, ("auto", "cudnn", "efficient", "auto-keymask"))
     return args
 
 
@@ -94,6 +98,18 @@ def forward_inputs(args, device) -> dict:
     )
 
 
+def give_sdpa_the_key_mask(model) -> None:
+    """The blocks' processors replaced as ``fp8dit.enable`` does, but handing the key mask to
+    diffusers' native backend (SDPA) as well."""
+    from fp8dit.integrations.diffusers_processors import HunyuanVideo15KeyMaskProcessor
+
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if type(processor).__name__ == "HunyuanVideo15AttnProcessor2_0":
+            module.set_processor(HunyuanVideo15KeyMaskProcessor(
+                original=processor, key_mask_backends=("native",)))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     frames, height, width = LATENTS[args.resolution]
@@ -105,6 +121,9 @@ def main(argv=None) -> int:
         return 2
     models = backend_models(args.sdpa, lambda: build_model(args, device))
     inputs = forward_inputs(args, device)
+    for name, model in models.items():
+        if name.endswith("-keymask"):
+            give_sdpa_the_key_mask(model)
     pin_backends(models)
     return run_and_report(models, inputs, args, "hunyuan15-forward", dict(
         model="HunyuanVideo-1.5", layers=args.layers, resolution=args.resolution,

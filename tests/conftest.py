@@ -87,6 +87,35 @@ def tiny_wan():
     return model, inputs
 
 
+def tiny_hunyuan_video_15():
+    """diffusers' HunyuanVideo15Transformer3DModel, 2 blocks of 2 heads x 64, bf16, and one
+    input: 2 x 16 x 16 video tokens (patch 1), then 20 prompt tokens (13 real), 8 glyph tokens
+    (5 real) and 6 image tokens, 546 in all; the model moves the real ones first, so the first
+    536 are kept. Its processor builds a [B, 1, S, S] mask in every attention call."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64,
+        num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=32,
+        text_embed_2_dim=16, image_embed_dim=24, rope_axes_dim=(16, 24, 24), target_size=64,
+    ).to(DEVICE).eval().requires_grad_(False).to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    text_mask = torch.ones(1, 20, dtype=torch.int64, device=DEVICE)
+    text_mask[:, 13:] = 0
+    text_mask_2 = torch.ones(1, 8, dtype=torch.int64, device=DEVICE)
+    text_mask_2[:, 5:] = 0
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=DEVICE).bfloat16()
+
+    inputs = dict(hidden_states=randn(1, 4, 2, 16, 16),
+                  timestep=torch.tensor([700.0], device=DEVICE).bfloat16(),
+                  encoder_hidden_states=randn(1, 20, 32), encoder_attention_mask=text_mask,
+                  encoder_hidden_states_2=randn(1, 8, 16), encoder_attention_mask_2=text_mask_2,
+                  image_embeds=randn(1, 6, 24))
+    return model, inputs
+
+
 @pytest.fixture
 def diffusers_state():
     """fp8dit's backend registered; diffusers' active backend and fp8dit's recipe restored after

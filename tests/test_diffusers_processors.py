@@ -1,5 +1,7 @@
 """CogVideoX through diffusers: its processors call torch SDPA themselves, so fp8dit replaces
 them with ones that go through diffusers' dispatcher (fp8dit.integrations.diffusers_processors).
+HunyuanVideo 1.5's processor builds a [B, 1, S, S] mask in every call; fp8dit's replacement
+hands fp8dit the key mask instead.
 """
 
 # TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
@@ -12,7 +14,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 import diffusers.models.attention_processor as ap  # noqa: E402
-from conftest import explain_with_fp8dit  # noqa: E402
+from conftest import explain_with_fp8dit, tiny_hunyuan_video_15  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit.capture import capture_qkv  # noqa: E402
@@ -150,7 +152,7 @@ def test_processors_without_a_replacement_are_reported_not_touched(monkeypatch, 
 
     # A CogVideoX processor whose call changed (a new diffusers release) is left alone too.
     model, _ = tiny_cogvideox()
-    monkeypatch.setattr(dp, "_COGVIDEOX_CALL", dp._COGVIDEOX_CALL + ("new_argument",))
+    monkeypatch.setattr(dp, "_CALL", dp._CALL + ("new_argument",))
     assert fd.route_through_dispatcher(model) == []
     assert processor_classes(model) == ["CogVideoXAttnProcessor2_0"] * 2
 
@@ -170,6 +172,107 @@ def test_no_graph_break_in_a_compiled_cogvideox_forward():
     explanation = explain_with_fp8dit(model, inputs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert "fp8dit.attention_fp8" in "".join(g.code for g in explanation.graphs)
+
+
+HV15_LAYERS = ["transformer_blocks.0.attn", "transformer_blocks.1.attn"]
+
+
+def test_hunyuan_video_15_replacement_computes_bitwise_what_diffusers_does_natively():
+    # The guard on diffusers' HunyuanVideo 1.5 processor: with any backend but fp8dit the
+    # replacement builds diffusers' [B, 1, S, S] mask and computes the same bits.
+    model, inputs = tiny_hunyuan_video_15()
+    ref = forward(model, inputs)
+    owns = {n: type(model.get_submodule(n).processor).__name__ for n in HV15_LAYERS}
+    assert set(owns.values()) == {"HunyuanVideo15AttnProcessor2_0"}
+    assert fd.route_through_dispatcher(model) == HV15_LAYERS  # the token refiner's: no twin
+    assert fd.route_through_dispatcher(model) == []
+    new = model.get_submodule(HV15_LAYERS[0]).processor
+    assert isinstance(new, dp.HunyuanVideo15KeyMaskProcessor)
+    assert not new._key_mask_for_backend()  # native, diffusers' default
+    assert torch.equal(forward(model, inputs), ref)
+    model.set_attention_backend("native")  # set on the replacement, carried back by restore
+    assert fd.restore_processors(model) == HV15_LAYERS
+    back = model.get_submodule(HV15_LAYERS[0]).processor
+    assert type(back).__name__ == "HunyuanVideo15AttnProcessor2_0"
+    assert back._attention_backend.value == "native"
+    assert torch.equal(forward(model, inputs), ref)
+    with pytest.raises(TypeError, match="key_mask_backends: expected an iterable"):
+        dp.HunyuanVideo15KeyMaskProcessor(key_mask_backends="fp8dit")
+
+
+def test_hunyuan_video_15_forward_benchmark_key_mask_peer(monkeypatch):
+    # bench_hunyuan15_forward's "auto-keymask" baseline: native SDPA given the key mask too.
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_hunyuan15_forward import give_sdpa_the_key_mask
+
+    model, inputs = tiny_hunyuan_video_15()
+    ref = forward(model, inputs)
+    give_sdpa_the_key_mask(model)
+    model.set_attention_backend("native")
+    masks, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        masks.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    out = forward(model, inputs)
+    # The token refiner's own call (its mask) first, then both blocks with the key mask.
+    assert masks[-2:] == [(1, 1, 1, 546)] * 2, masks
+    stats = error_stats(out, ref)
+    assert stats.cos >= 0.9999 and stats.rel_l1 <= 0.01, str(stats)
+
+
+def test_hunyuan_video_15_gets_the_key_mask_and_the_same_video_bits(fp8_at_any_length):
+    model, inputs = tiny_hunyuan_video_15()
+    ref = forward(model, inputs)
+    model.set_attention_backend("fp8dit")  # diffusers' processor: the [B, 1, S, S] mask
+    try:
+        with fd.record_calls() as calls:
+            per_query = forward(model, inputs)
+    finally:
+        fd.disable(model)
+    assert [(c["backend"], c["mask"]) for c in calls] == [("fp8", (1, 1, 546, 546))] * 2, calls
+    fp8dit.enable(model)
+    try:
+        with fd.record_calls() as calls:
+            keys = forward(model, inputs)
+        # A layer set to another backend gets diffusers' mask again.
+        fd.disable(model)
+        fp8dit.enable(model, policy=QualityPolicy(bf16_layers=[HV15_LAYERS[0]]))
+        with fd.record_calls() as mixed:
+            forward(model, inputs)
+    finally:
+        fd.disable(model)
+    assert [(c["backend"], c["mask"]) for c in calls] == [("fp8", (1, 1, 1, 546))] * 2, calls
+    assert [c["mask"] for c in mixed] == [(1, 1, 1, 546)], mixed  # block 0 ran native
+    # The video tokens (the model's output) are bitwise those of diffusers' own mask: the same
+    # kernel over the same kept keys; only the dropped text tokens' rows differ, unread.
+    assert torch.equal(keys, per_query)
+    stats = error_stats(keys, ref)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)
+    assert {n: type(model.get_submodule(n).processor).__name__ for n in HV15_LAYERS} == \
+        dict.fromkeys(HV15_LAYERS, "HunyuanVideo15AttnProcessor2_0")
+
+
+def test_hunyuan_video_15_key_mask_adds_no_graph_break():
+    # The model breaks its graph twice itself (``if torch.all(image_embeds == 0)`` in its
+    # forward), with any backend; the replacement processor adds none.
+    model, inputs = tiny_hunyuan_video_15()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            native = torch._dynamo.explain(model)(**inputs, return_dict=False)
+    finally:
+        torch._dynamo.reset()
+    explanation = explain_with_fp8dit(model, inputs)
+    assert explanation.graph_break_count == native.graph_break_count == 2, \
+        explanation.break_reasons
+    assert "fp8dit.attention_fp8_key_padding" in "".join(g.code for g in explanation.graphs)
 
 
 def test_forward_benchmarks_pin_backends_past_hunyuan_token_refiner(monkeypatch):

@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_hunyuan_video_15
 
 from fp8dit import key_padding as kp
 from fp8dit.launch import fp8_attention_fwd
@@ -492,36 +493,18 @@ def test_cuda_graph_replays_follow_the_mask():
 
 
 def test_tiny_hunyuan_video_15_runs_fp8_over_its_per_query_masks(registered):
-    # HunyuanVideo 1.5 builds a [B, 1, S, S] mask in every attention call: (valid query) &
-    # (valid key), its valid tokens first (2 x 16 x 16 video, 13 + 5 kept text tokens, 6 image
-    # tokens of 34 conditioning tokens).
-    torch.manual_seed(0)
-    model = diffusers.HunyuanVideo15Transformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64,
-        num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=32,
-        text_embed_2_dim=16, image_embed_dim=24, rope_axes_dim=(16, 24, 24), target_size=64,
-    ).to(DEVICE).eval().requires_grad_(False).to(torch.bfloat16)
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-    text_mask = torch.ones(1, 20, dtype=torch.int64, device=DEVICE)
-    text_mask[:, 13:] = 0
-    text_mask_2 = torch.ones(1, 8, dtype=torch.int64, device=DEVICE)
-    text_mask_2[:, 5:] = 0
-
-    def randn(*shape):
-        return torch.randn(shape, generator=gen, device=DEVICE).bfloat16()
-
-    inputs = dict(hidden_states=randn(1, 4, 2, 16, 16),
-                  timestep=torch.tensor([700.0], device=DEVICE).bfloat16(),
-                  encoder_hidden_states=randn(1, 20, 32), encoder_attention_mask=text_mask,
-                  encoder_hidden_states_2=randn(1, 8, 16), encoder_attention_mask_2=text_mask_2,
-                  image_embeds=randn(1, 6, 24))
+    # diffusers' own HunyuanVideo 1.5 processor builds a [B, 1, S, S] mask in every attention
+    # call: (valid query) & (valid key), its valid tokens first. (fp8dit.enable replaces that
+    # processor by one handing fp8dit the key mask: tests/test_diffusers_processors.py.)
+    model, inputs = tiny_hunyuan_video_15()
     ref = _forward(model, inputs)
-    fd.enable(model)
+    model.set_attention_backend("fp8dit")
     try:
         with fd.record_calls() as calls:
             out = _forward(model, inputs)
     finally:
         fd.disable(model)
+    assert {c["mask"] for c in calls} == {(1, 1, 546, 546)}, calls
     assert [(c["backend"], c["q"][1]) for c in calls] == [("fp8", 546)] * 2, calls
     stats = error_stats(out, ref)
     assert not stats.nan and stats.cos >= 0.99, str(stats)

@@ -138,7 +138,7 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
     if _records is not None:
         _records.append(dict(
             backend="sdpa" if reason else "fp8", q=tuple(query.shape), k=tuple(key.shape),
-            reason=("fallback: " + reason) if reason
+            mask=tuple(attn_mask.shape), reason=("fallback: " + reason) if reason
             else "key-padding mask: FP8 over the kept keys",
             recipe=None if reason else recipe.name,
             kernel=None if reason else kernel_for(query.shape[-1], key.shape[1], False, recipe,
@@ -265,7 +265,8 @@ def set_recipe(name: str | None) -> None:
 @contextlib.contextmanager
 def record_calls():
     """Collect one dict per call of the backend: ``backend`` ("fp8" or "sdpa"), ``reason``,
-    ``q`` and ``k`` shapes, ``recipe`` and ``kernel`` (FP8 calls). For inspection (``fp8dit
+    ``q`` and ``k`` shapes, ``mask``'s shape (masked calls that reach FP8's mask reading),
+    ``recipe`` and ``kernel`` (FP8 calls). For inspection (``fp8dit
     demo``); it adds a dispatch check per call.
 
     Example
@@ -445,9 +446,11 @@ def _sdpa_direct_layers(model):
 def route_through_dispatcher(pipe_or_model) -> list[str]:
     """Replace attention processors that call torch SDPA directly (CogVideoX's) by ones that
     go through diffusers' dispatcher (:mod:`fp8dit.integrations.diffusers_processors`), so that
-    ``set_attention_backend`` reaches those layers; :func:`enable` calls it. Returns the layers
-    replaced now. Layers whose processor has no replacement keep running torch SDPA: a warning
-    names their processor once. :func:`restore_processors` puts the originals back.
+    ``set_attention_backend`` reaches those layers, and HunyuanVideo 1.5's by one that hands
+    fp8dit a key mask instead of building a ``[B, 1, S, S]`` mask in every call;
+    :func:`enable` calls it. Returns the layers replaced now. Layers whose processor calls
+    torch SDPA and has no replacement keep running torch SDPA: a warning names their processor
+    once. :func:`restore_processors` puts the originals back.
 
     With diffusers' ``"native"`` backend the replaced layers compute bitwise what they did.
     """
@@ -455,13 +458,16 @@ def route_through_dispatcher(pipe_or_model) -> list[str]:
 
     replaced, left = [], {}
     for prefix, model in _models(pipe_or_model):
-        for name, module in _sdpa_direct_layers(model):
-            new = replacement_for(module.processor)
-            if new is None:
-                left.setdefault(type(module.processor).__name__, []).append(name)
+        for name, module in model.named_modules():
+            processor = getattr(module, "processor", None)
+            if processor is None or not callable(getattr(module, "set_processor", None)):
                 continue
-            module.set_processor(new)
-            replaced.append(".".join(p for p in (prefix, name) if p))
+            new = replacement_for(processor)
+            if new is not None:
+                module.set_processor(new)
+                replaced.append(".".join(p for p in (prefix, name) if p))
+            elif callable(processor) and not hasattr(processor, "_attention_backend"):
+                left.setdefault(type(processor).__name__, []).append(name)
     for cls, layers in left.items():
         _log_once(f"fp8dit: {len(layers)} attention layer(s) ({layers[0]}, ...) use diffusers' "
                   f"{cls}, which calls torch SDPA directly and ignores attention backends: "
@@ -471,8 +477,9 @@ def route_through_dispatcher(pipe_or_model) -> list[str]:
 
 def restore_processors(pipe_or_model, layers=None) -> list[str]:
     """Put back the processors :func:`route_through_dispatcher` replaced (only those of
-    ``layers``, names as it returned them, when given); returns the layers restored."""
-    from .diffusers_processors import CogVideoXDispatchProcessor
+    ``layers``, names as it returned them, when given); returns the layers restored. A
+    dispatching original gets the backend and context-parallel settings its replacement had."""
+    from .diffusers_processors import REPLACEMENT_TYPES
 
     try:
         names = None if layers is None or isinstance(layers, str) else list(layers)
@@ -486,10 +493,14 @@ def restore_processors(pipe_or_model, layers=None) -> list[str]:
         for name, module in model.named_modules():
             processor = getattr(module, "processor", None)
             layer = ".".join(p for p in (prefix, name) if p)
-            if (isinstance(processor, CogVideoXDispatchProcessor)
+            if (isinstance(processor, REPLACEMENT_TYPES)
                     and processor.original is not None
                     and (wanted is None or layer in wanted)):
-                module.set_processor(processor.original)
+                original = processor.original
+                for attr in ("_attention_backend", "_parallel_config"):
+                    if hasattr(original, attr):  # CogVideoX's have neither
+                        setattr(original, attr, getattr(processor, attr))
+                module.set_processor(original)
                 restored.append(layer)
     return restored
 

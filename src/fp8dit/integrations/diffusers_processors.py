@@ -13,7 +13,20 @@ the same order and layout, and hands the attention itself to ``dispatch_attentio
 diffusers' ``"native"`` backend it gives bitwise the same output as the processor it replaces
 (``tests/test_diffusers_processors.py`` holds it to that on a tiny model, and fails when a
 diffusers release changes the original), and every backend, fp8dit's included, now reaches
-those layers. :data:`REPLACEMENTS` maps the replaced classes' names to a factory;
+those layers.
+
+:class:`HunyuanVideo15KeyMaskProcessor` replaces a processor that does dispatch, for speed:
+diffusers' HunyuanVideo 1.5 processor builds a ``[B, 1, S, S]`` mask, (kept query) & (kept key),
+in every attention call (a ``repeat`` and an ``&`` with its transpose: 22 ms per call on the
+H200 at 480p, as long as fp8dit's attention itself, run s18-1), which fp8dit then reads back
+(2 ms) to find the kept keys. Given fp8dit, it hands over the ``[B, 1, 1, S]`` key mask instead
+and builds nothing of size S^2. The kept tokens' outputs are the same bits (fp8dit runs the
+same kernel over the same kept keys either way); only the dropped text tokens' own rows differ
+(zeros under the S^2 mask, attention over the kept keys here), and nothing reads those: they
+are masked as keys in every layer and dropped with the text at the model's end. With any other
+backend it builds diffusers' mask and computes bitwise what diffusers' processor computes.
+
+:data:`REPLACEMENTS` maps the replaced classes' names to a factory;
 ``fp8dit.integrations.diffusers.route_through_dispatcher`` does the swapping.
 """
 
@@ -22,14 +35,17 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["CogVideoXDispatchProcessor", "REPLACEMENTS", "replacement_for"]
+__all__ = ["CogVideoXDispatchProcessor", "HunyuanVideo15KeyMaskProcessor", "REPLACEMENTS",
+           "REPLACEMENT_TYPES", "replacement_for"]
 
-# The call signature of the processors replaced here (diffusers 0.42). A release that changes it
-# changed what the processor does; replacing it then could lose a new argument, so it is left
-# alone (and the layers keep running torch SDPA, which ``route_through_dispatcher`` reports).
-_COGVIDEOX_CALL = ("self", "attn", "hidden_states", "encoder_hidden_states", "attention_mask",
-                   "image_rotary_emb")
+# The call signature of the processors replaced here (diffusers 0.42; CogVideoX's and
+# HunyuanVideo 1.5's are the same). A release that changes it changed what the processor does;
+# replacing it then could lose a new argument, so it is left alone (CogVideoX's layers then keep
+# running torch SDPA, which ``route_through_dispatcher`` reports).
+_CALL = ("self", "attn", "hidden_states", "encoder_hidden_states", "attention_mask",
+         "image_rotary_emb")
 
 
 class CogVideoXDispatchProcessor:
@@ -108,17 +124,118 @@ class CogVideoXDispatchProcessor:
         return hidden_states, encoder_hidden_states
 
 
+class HunyuanVideo15KeyMaskProcessor:
+    """HunyuanVideo 1.5's joint self-attention (diffusers' ``HunyuanVideo15AttnProcessor2_0``),
+    handing fp8dit the key mask instead of a per-call ``[B, 1, S, S]`` mask.
+
+    Parameters
+    ----------
+    original : object, optional
+        The processor this one replaces, kept so that it can be put back; its backend and
+        context-parallel settings carry over.
+    key_mask_backends : iterable of str
+        diffusers backends given the ``[B, 1, 1, S]`` key mask. Every other backend, and every
+        context-parallel call, gets diffusers' own ``[B, 1, S, S]`` mask. Default: fp8dit only,
+        so that the other backends compute bitwise what diffusers' processor does (benchmarks
+        add ``"native"`` to time SDPA given the cheaper mask too).
+    """
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, original=None, key_mask_backends=("fp8dit",)):
+        self.original = original
+        if isinstance(key_mask_backends, str) or not all(
+                isinstance(b, str) for b in key_mask_backends):
+            raise TypeError("key_mask_backends: expected an iterable of diffusers backend names, "
+                            f"got {key_mask_backends!r}")
+        self.key_mask_backends = frozenset(key_mask_backends)
+        for attr in ("_attention_backend", "_parallel_config"):
+            if getattr(original, attr, None) is not None:
+                setattr(self, attr, getattr(original, attr))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(key_mask_backends={sorted(self.key_mask_backends)}, "
+                f"backend={getattr(self._attention_backend, 'value', self._attention_backend)})")
+
+    def _key_mask_for_backend(self) -> bool:
+        if self._parallel_config is not None:  # context parallelism splits masks its own way
+            return False
+        backend = self._attention_backend
+        if backend is None:  # what dispatch_attention_fn will pick: the active backend
+            from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+            backend = _AttentionBackendRegistry.get_active_backend()[0]
+        return getattr(backend, "value", backend) in self.key_mask_backends
+
+    def __call__(self, attn, hidden_states: torch.Tensor,
+                 encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None,
+                 image_rotary_emb: torch.Tensor | None = None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        # diffusers' steps, in its order, so that every backend rounds the same way.
+        query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+        key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+        value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        query = attn.norm_q(query)
+        key = attn.norm_k(key)
+        if image_rotary_emb is not None:  # RoPE on the video tokens
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        if encoder_hidden_states is not None:  # the text, glyph and image tokens, appended
+            enc = [proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
+            if attn.norm_added_q is not None:
+                enc[0] = attn.norm_added_q(enc[0])
+            if attn.norm_added_k is not None:
+                enc[1] = attn.norm_added_k(enc[1])
+            query, key, value = (torch.cat([t, e], dim=1) for t, e in zip((query, key, value),
+                                                                          enc))
+
+        batch_size, seq_len = query.shape[:2]
+        if attention_mask is not None:  # [B, conditioning tokens]; the video tokens are kept
+            attention_mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0),
+                                   value=True).bool()
+            keys = attention_mask.view(batch_size, 1, 1, seq_len)
+            if self._key_mask_for_backend():
+                attention_mask = keys
+            else:  # diffusers' (kept query) & (kept key)
+                rows = keys.repeat(1, 1, seq_len, 1)
+                attention_mask = (rows & rows.transpose(2, 3)).bool()
+
+        hidden_states = dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is not None:
+            n = encoder_hidden_states.shape[1]
+            hidden_states, encoder_hidden_states = hidden_states[:, :-n], hidden_states[:, -n:]
+            if getattr(attn, "to_out", None) is not None:
+                hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+            if getattr(attn, "to_add_out", None) is not None:
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
 def _cogvideox(fused: bool):
     def make(original):
         return CogVideoXDispatchProcessor(fused=fused, original=original)
     return make
 
 
-# Class name (in diffusers.models.attention_processor) -> factory(original) of its replacement.
+def _hunyuan_video_15(original):
+    return HunyuanVideo15KeyMaskProcessor(original=original)
+
+
+# Class name (in diffusers.models) -> factory(original) of its replacement.
 REPLACEMENTS = {
     "CogVideoXAttnProcessor2_0": _cogvideox(fused=False),
     "FusedCogVideoXAttnProcessor2_0": _cogvideox(fused=True),
+    "HunyuanVideo15AttnProcessor2_0": _hunyuan_video_15,
 }
+REPLACEMENT_TYPES = (CogVideoXDispatchProcessor, HunyuanVideo15KeyMaskProcessor)
 
 
 def replacement_for(processor):
@@ -128,6 +245,6 @@ def replacement_for(processor):
     make = REPLACEMENTS.get(cls.__name__)
     if make is None or not cls.__module__.startswith("diffusers."):
         return None
-    if tuple(inspect.signature(cls.__call__).parameters) != _COGVIDEOX_CALL:
+    if tuple(inspect.signature(cls.__call__).parameters) != _CALL:
         return None
     return make(processor)
