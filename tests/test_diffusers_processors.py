@@ -227,20 +227,25 @@ def test_hunyuan_video_15_forward_benchmark_key_mask_peer(monkeypatch):
     assert stats.cos >= 0.9999 and stats.rel_l1 <= 0.01, str(stats)
 
 
-def test_hunyuan_video_15_gets_the_key_mask_and_the_same_video_bits(fp8_at_any_length):
+def test_hunyuan_video_15_gets_the_key_mask_and_the_same_video_bits(fp8_at_any_length, caplog,
+                                                                    monkeypatch):
     model, inputs = tiny_hunyuan_video_15()
     ref = forward(model, inputs)
+    monkeypatch.setattr(fd, "_logged", set())
     model.set_attention_backend("fp8dit")  # diffusers' processor: the [B, 1, S, S] mask
     try:
-        with fd.record_calls() as calls:
+        with fd.record_calls() as calls, caplog.at_level(logging.WARNING, logger="fp8dit"):
             per_query = forward(model, inputs)
     finally:
         fd.disable(model)
     assert [(c["backend"], c["mask"]) for c in calls] == [("fp8", (1, 1, 546, 546))] * 2, calls
+    assert fd._PER_QUERY_MASK_HINT in caplog.text  # says how to skip that mask
+    caplog.clear()
     fp8dit.enable(model)
     try:
-        with fd.record_calls() as calls:
+        with fd.record_calls() as calls, caplog.at_level(logging.WARNING, logger="fp8dit"):
             keys = forward(model, inputs)
+        assert "per-query" not in caplog.text
         # A layer set to another backend gets diffusers' mask again.
         fd.disable(model)
         fp8dit.enable(model, policy=QualityPolicy(bf16_layers=[HV15_LAYERS[0]]))

@@ -115,6 +115,16 @@ def _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, sca
         _check_scale(scale, query.shape[-1])
 
 
+# A per-query [B, 1, Sq, Sk] mask costs its builder an S^2 write and fp8dit an S^2 read per
+# call; HunyuanVideo 1.5's processor builds one in every call (22 ms at 480p on an H200, as long
+# as the attention), and enable() swaps in a processor that passes the key mask instead.
+_PER_QUERY_MASK_HINT = (
+    "fp8dit diffusers backend: FP8 over the kept keys of a per-query [B, 1, Sq, Sk] mask; "
+    "building and reading such a mask in every call costs about as much as the attention. For "
+    "HunyuanVideo 1.5, fp8dit.enable(model) (instead of set_attention_backend) swaps in a "
+    "processor that hands fp8dit the [B, 1, 1, S] key mask")
+
+
 def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse):
     """A masked call through FP8 where it can take it (``fp8dit.key_padding``): (result, None),
     or (None, why not) when the mask's dtype or shape rules it out or ``auto`` prefers SDPA."""
@@ -135,6 +145,8 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
     else:
         out, lse, reason = key_padding_attention(query, key, value, attn_mask, scale=scale,
                                                  recipe=recipe, return_lse=return_lse)
+        if reason is None and attn_mask.dim() == 4 and attn_mask.shape[-2] > 1:
+            _log_once(_PER_QUERY_MASK_HINT)
     if _records is not None:
         _records.append(dict(
             backend="sdpa" if reason else "fp8", q=tuple(query.shape), k=tuple(key.shape),
