@@ -55,7 +55,9 @@ def parse_args(argv=None):
                         "auto-keymask (SDPA given the [B, 1, 1, S] key mask instead)")
     p.add_argument("--compile", action="store_true", help="also torch.compile every model")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="also capture and replay (fp8dit runs these masks through SDPA there)")
+                   help="also capture and replay; fails with every backend (run s18-3): the "
+                        "model's forward reads tensors on the host (if torch.all(image_embeds "
+                        "== 0), boolean indexing of the text), which capture forbids")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="JSON file (default results/<gpu>-hunyuan15-forward.json)")
