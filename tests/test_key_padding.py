@@ -99,18 +99,28 @@ def test_per_query_masks_of_kept_queries_and_keys():
     assert kp.key_lengths(cross, 2, 12, sq=7) == ((5, 9), None)
 
 
-@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 300), (257, 1), (130, 513)])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (257, 1), (130, 513), (67, 6), (21, 141)])
 def test_mask_reading_kernel_matches_torch(sq, sk, device):
-    # HunyuanVideo 1.5's per-query masks are read by one kernel (row counts, column any):
-    # random, all-False and all-True batches, a batch broadcast by stride 0, a transposed view.
+    # HunyuanVideo 1.5's per-query masks are read by one kernel (row counts, column any), as
+    # int32 words where rows are contiguous: random, all-False and all-True batches, a batch
+    # broadcast by stride 0, a transposed view (bytes), and views starting at each byte of a
+    # word with odd row and batch strides (words; their rows start at every phase).
     gen = torch.Generator().manual_seed(sq * 1000 + sk)
     m = torch.rand(3, sq, sk, generator=gen) < 0.3
     m[1], m[2] = False, True
     wide = torch.rand(1, sk, sq, generator=gen) < 0.5
-    for mm in (m, m[:1].expand(4, sq, sk), wide.transpose(1, 2)):
-        counts, keys = kp._row_counts_and_key_any(mm.to(device))
-        assert counts.dtype == torch.int64 and keys.dtype == torch.bool
-        assert torch.equal(counts.cpu(), mm.sum(-1)) and torch.equal(keys.cpu(), mm.any(-2))
+    big = torch.rand(2, sq + 1, sk + 3, generator=gen) < 0.5
+    views = [big[:, 1:, o:o + sk] for o in range(4)] + [big[1:, :sq, 3:3 + sk]]
+    for mm in (m, m[:1].expand(4, sq, sk), wide.transpose(1, 2), *views):
+        mm = mm.to(device)
+        want = (mm.sum(-1).cpu(), mm.any(-2).cpu())
+        runs = [kp._row_counts_and_key_any(mm)]
+        if device == "cpu" and mm.stride(-1) == 1 and sq * sk < 10_000:  # both kernels
+            runs += [kp._mask_stats_launch(mm, 16, 64, 2),
+                     kp._mask_stats_words_launch(mm, 8, 32, 1)]
+        for counts, keys in runs:
+            assert counts.dtype == torch.int64 and keys.dtype == torch.bool
+            assert torch.equal(counts.cpu(), want[0]) and torch.equal(keys.cpu(), want[1])
 
 
 def test_per_query_mask_runs_fp8_over_the_prefix_and_zeroes_dropped_rows():

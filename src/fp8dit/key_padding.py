@@ -39,7 +39,10 @@ import triton
 
 from . import env
 from .dispatch import _log_once
-from .kernels.mask_stats import mask_row_counts_col_any_kernel
+from .kernels.mask_stats import (
+    mask_row_counts_col_any_kernel,
+    mask_row_counts_col_any_words_kernel,
+)
 from .launch import fp8_attention_fwd, plan_for
 from .recipes import Recipe
 from .sdpa import sdpa_attention
@@ -105,19 +108,24 @@ def _checked(lens, prefix_ok) -> tuple:
     return tuple(int(x) for x in lens), None
 
 
-# The mask-reading kernel's launch: rows per program, columns per step, warps (run s17-4:
-# 2.1 ms at 480p against 3.3 ms for 64 x 256 with 8 warps, 1.8 ms for 16 x 1024 with twice the
-# table). Its partial table is Sk bytes per MASK_BLOCK_R rows: 82 MB at 480p, 0.4 GB at 720p,
-# against a 2.6 / 12.9 GB mask.
+# The mask-reading kernels' launches. Bytes (any strides): rows per program, columns per step,
+# warps (run s17-4: 2.1 ms at 480p against 3.3 ms for 64 x 256 with 8 warps); its partial table
+# is Sk bytes per MASK_BLOCK_R rows: 82 MB at 480p, 0.4 GB at 720p, against a 2.6 / 12.9 GB mask.
+# Words (contiguous rows): rows of one phase class per program, words per step, warps (run
+# s18-1, the sweep's `phases`: 0.92 ms at 480p, 16 x 256 / 4 the same; the table as large).
 MASK_BLOCK_R, MASK_BLOCK_C, MASK_WARPS = 32, 512, 4
+MASK_WORD_ROWS, MASK_WORDS, MASK_WORD_WARPS = 32, 128, 1
 
 
 def _row_counts_and_key_any(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row True counts (int64 ``[B', Sq]``) and per-column ``any`` (bool ``[B', Sk]``)
     of a boolean ``[B', Sq, Sk]`` mask. On a GPU (and in the interpreter) one kernel reads
-    each byte once (``kernels.mask_stats``); elsewhere torch."""
+    each byte once (``kernels.mask_stats``: as words where rows are contiguous); elsewhere
+    torch."""
     if m.device.type != "cuda" and not env.triton_interpret():
         return m.sum(-1), m.any(-2)
+    if m.stride(-1) == 1 and m.shape[-1] > 1:
+        return _mask_stats_words_launch(m, MASK_WORD_ROWS, MASK_WORDS, MASK_WORD_WARPS)
     return _mask_stats_launch(m, MASK_BLOCK_R, MASK_BLOCK_C, MASK_WARPS)
 
 
@@ -132,6 +140,29 @@ def _mask_stats_launch(m: torch.Tensor, block_r: int, block_c: int,
             u8, *u8.stride(), Sq, Sk, counts, part,
             BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return counts.long(), part.amax(1) > 0
+
+
+def _mask_stats_words_launch(m: torch.Tensor, block_r: int, block_w: int,
+                             warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, Sq, Sk = m.shape
+    u8 = m.view(torch.uint8)
+    base_phase, sb, sq = u8.data_ptr() % 4, u8.stride(0), u8.stride(1)
+    n_words = triton.cdiv(Sk + 3, 4)  # a row's words at its worst phase
+    n_pid = triton.cdiv(triton.cdiv(Sq, 4), block_r)
+    counts = torch.empty(B, Sq, dtype=torch.int32, device=m.device)
+    part = torch.zeros(B, 4, n_pid, n_words, dtype=torch.int32, device=m.device)
+    with torch.cuda.device(m.device) if m.is_cuda else contextlib.nullcontext():
+        mask_row_counts_col_any_words_kernel[(n_pid, 4, B)](
+            u8, base_phase, sb, sq, Sq, Sk, n_words, counts, part,
+            BLOCK_R=block_r, BLOCK_W=block_w, num_warps=warps)
+    # [B, class, bytes]: each class's column c at byte phase + c (classes beyond Sq are zeros)
+    table = part.view(torch.int8).amax(2)
+    keys = torch.zeros(B, Sk, dtype=torch.bool, device=m.device)
+    for b in range(B):
+        for g in range(min(4, Sq)):
+            p = (base_phase + b * sb + g * sq) % 4
+            keys[b] |= table[b, g, p:p + Sk] > 0
+    return counts.long(), keys
 
 
 def _read_query_key_lengths(m: torch.Tensor) -> tuple:
