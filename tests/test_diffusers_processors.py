@@ -264,6 +264,31 @@ def test_hunyuan_video_15_gets_the_key_mask_and_the_same_video_bits(fp8_at_any_l
         dict.fromkeys(HV15_LAYERS, "HunyuanVideo15AttnProcessor2_0")
 
 
+def test_hunyuan_video_15_key_mask_with_two_prompts_of_different_lengths(fp8_at_any_length):
+    # Classifier-free guidance batches two prompts: each sequence keeps its own text length.
+    model, inputs = tiny_hunyuan_video_15()
+    inputs = {k: torch.cat([v, v]) if torch.is_tensor(v) and v.dim() else v
+              for k, v in inputs.items()}
+    inputs["encoder_attention_mask"][1, 7:] = 0  # 7 real prompt tokens, not 13
+    inputs["encoder_hidden_states"][1] *= -1
+    model.set_attention_backend("fp8dit")
+    try:
+        with fd.record_calls() as calls:
+            per_query = forward(model, inputs)
+    finally:
+        fd.disable(model)
+    fp8dit.enable(model)
+    try:
+        with fd.record_calls() as key_calls:
+            keys = forward(model, inputs)
+    finally:
+        fd.disable(model)
+    assert [(c["backend"], c["mask"]) for c in calls + key_calls] == \
+        [("fp8", (2, 1, 546, 546))] * 2 + [("fp8", (2, 1, 1, 546))] * 2
+    assert torch.equal(keys, per_query)
+    assert not torch.equal(keys[0], keys[1])
+
+
 def test_hunyuan_video_15_key_mask_adds_no_graph_break():
     # The model breaks its graph twice itself (``if torch.all(image_embeds == 0)`` in its
     # forward), with any backend; the replacement processor adds none.
