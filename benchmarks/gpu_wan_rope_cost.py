@@ -1,0 +1,110 @@
+"""One H200 call: what Wan's self-attention processor spends around the attention, eager.
+
+    python3 benchmarks/gpu_wan_rope_cost.py [--latent 21,90,160]
+
+The Wan2.2-A14B forward is 1.39x faster with fp8dit eager and 1.43x compiled (session 13);
+the gap between the two modes is elementwise work both backends share. This times, at Wan2.2
+720p (75,600 tokens, 40 heads x 128) on one diffusers ``WanAttention`` of the A14B width, each
+on its own in the same process: the q/k/v projections, diffusers' RMS norms of q and k, Wan's
+rotary embedding of q and k written as diffusers computes it (interleaved pairs, fp32 math,
+bf16 out), the same norms + rotation under torch.compile (one fused kernel each), fp8dit's
+attention call, and the whole processor call. It says how much a rotation fused into fp8dit's
+quantization could take off an eager and a compiled forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_wan_forward import time_ms  # noqa: E402
+
+import fp8dit  # noqa: E402
+
+
+def rotate_interleaved(x, freqs_cos, freqs_sin):
+    """Wan's rotary embedding as diffusers 0.42 computes it in ``WanAttnProcessor``: pairs
+    (2i, 2i + 1) of the head dim, fp32 products, written into a bf16 tensor."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--latent", default="21,90,160", help="frames,height,width after the VAE")
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_wan_rope_cost: no CUDA device; nothing measured")
+        return 2
+    from diffusers.models.transformers.transformer_wan import (
+        WanAttention,
+        WanAttnProcessor,
+        WanRotaryPosEmbed,
+    )
+
+    from fp8dit.integrations import diffusers as fd
+
+    fd.register()
+    f, h, w = (int(x) for x in args.latent.split(","))
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    attn = WanAttention(dim=5120, heads=40, dim_head=128, eps=1e-6, processor=WanAttnProcessor())
+    attn = attn.to(dev, torch.bfloat16)
+    attn.eval().requires_grad_(False)
+    latent = torch.zeros(1, 16, f, h, w, device=dev, dtype=torch.bfloat16)
+    cos, sin = WanRotaryPosEmbed(128, (1, 2, 2), 1024).to(dev)(latent)
+    s = f * (h // 2) * (w // 2)
+    x = torch.randn(1, s, 5120, device=dev, dtype=torch.bfloat16)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {s} tokens, 40 x 128; "
+          f"freqs {tuple(cos.shape)} {cos.dtype}")
+
+    def project():
+        return attn.to_q(x), attn.to_k(x), attn.to_v(x)
+
+    q, k, v = project()
+
+    def norms():
+        return attn.norm_q(q), attn.norm_k(k)
+
+    qn, kn = (t.unflatten(2, (40, -1)) for t in norms())
+
+    def rope():
+        return rotate_interleaved(qn, cos, sin), rotate_interleaved(kn, cos, sin)
+
+    def norm_rope(t, norm):
+        return rotate_interleaved(norm(t).unflatten(2, (40, -1)), cos, sin)
+
+    fused_q = torch.compile(lambda t: norm_rope(t, attn.norm_q))
+    fused_k = torch.compile(lambda t: norm_rope(t, attn.norm_k))
+    qr, kr = rope()
+    vh = v.unflatten(2, (40, -1))
+    assert torch.allclose(fused_q(q).float(), norm_rope(q, attn.norm_q).float(), atol=0.05)
+    attn.set_attention_backend("fp8dit")
+    rows = {
+        "q, k, v projections (3 GEMMs)": project,
+        "RMS norms of q and k, eager": norms,
+        "rotation of q and k, eager (diffusers' ops)": rope,
+        "norms + rotation, eager": lambda: (norm_rope(q, attn.norm_q),
+                                            norm_rope(k, attn.norm_k)),
+        "norms + rotation, torch.compile": lambda: (fused_q(q), fused_k(k)),
+        "fp8dit attention (NHD, quantization included)": lambda: fp8dit.attention(qr, kr, vh),
+        "whole processor call, fp8dit, eager": lambda: attn(x, rotary_emb=(cos, sin)),
+    }
+    with torch.no_grad():
+        for name, fn in rows.items():
+            med, low = time_ms(fn, warmup=2, repeats=args.repeats)
+            print(f"{name:48s} median {med:8.3f} ms  min {low:8.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
