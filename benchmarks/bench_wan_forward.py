@@ -147,6 +147,14 @@ def time_ms(fn, warmup: int, repeats: int, before_each=None) -> tuple[float, flo
     return statistics.median(times), min(times)
 
 
+def print_times(rows: dict, repeats: int, width: int = 34) -> None:
+    """Time each ``rows[name]()`` (:func:`time_ms`, 2 warm-up calls) and print its median and
+    min, one line each, in order."""
+    for name, fn in rows.items():
+        med, low = time_ms(fn, warmup=2, repeats=repeats)
+        print(f"{name:{width}s} median {med:8.3f} ms  min {low:8.3f} ms")
+
+
 def capture(fn):
     """A CUDA graph of ``fn`` (after two warm-up calls on a side stream) and its output."""
     stream = torch.cuda.Stream()

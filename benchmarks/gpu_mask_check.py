@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_hunyuan15_forward import IMAGE, LATENTS, TEXT, TEXT_2  # noqa: E402
-from bench_wan_forward import time_ms  # noqa: E402
+from bench_wan_forward import print_times  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit import key_padding  # noqa: E402
@@ -105,9 +105,7 @@ def main(argv=None) -> int:
     same = torch.equal(fp8_key_mask()[:, :kept], out[:, :kept])
     print(f"fp8dit with the key mask: valid rows bitwise equal to the S^2 mask's: {same}")
     del ref
-    for name, fn in rows.items():
-        med, low = time_ms(fn, warmup=2, repeats=args.repeats)
-        print(f"{name:34s} median {med:8.3f} ms  min {low:8.3f} ms")
+    print_times(rows, args.repeats)
     return 0
 
 

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_wan_forward import time_ms  # noqa: E402
+from bench_wan_forward import print_times  # noqa: E402
 
 import fp8dit  # noqa: E402
 
@@ -100,9 +100,7 @@ def main(argv=None) -> int:
         "whole processor call, fp8dit, eager": lambda: attn(x, rotary_emb=(cos, sin)),
     }
     with torch.no_grad():
-        for name, fn in rows.items():
-            med, low = time_ms(fn, warmup=2, repeats=args.repeats)
-            print(f"{name:48s} median {med:8.3f} ms  min {low:8.3f} ms")
+        print_times(rows, args.repeats, width=48)
     return 0
 
 

@@ -227,33 +227,39 @@ def test_hunyuan_video_15_forward_benchmark_key_mask_peer(monkeypatch):
     assert stats.cos >= 0.9999 and stats.rel_l1 <= 0.01, str(stats)
 
 
+def hunyuan_video_15_both_masks(model, inputs, caplog):
+    """The forward with fp8dit set on diffusers' own processor ([B, 1, S, S] mask), then with
+    fp8dit.enable (the key mask): (output, calls, warnings) of each."""
+    runs = []
+    for turn_on in (lambda: model.set_attention_backend("fp8dit"), lambda: fp8dit.enable(model)):
+        caplog.clear()
+        turn_on()
+        try:
+            with fd.record_calls() as calls, caplog.at_level(logging.WARNING, logger="fp8dit"):
+                runs.append((forward(model, inputs), calls, caplog.text))
+        finally:
+            fd.disable(model)
+    return runs
+
+
 def test_hunyuan_video_15_gets_the_key_mask_and_the_same_video_bits(fp8_at_any_length, caplog,
                                                                     monkeypatch):
     model, inputs = tiny_hunyuan_video_15()
     ref = forward(model, inputs)
     monkeypatch.setattr(fd, "_logged", set())
-    model.set_attention_backend("fp8dit")  # diffusers' processor: the [B, 1, S, S] mask
-    try:
-        with fd.record_calls() as calls, caplog.at_level(logging.WARNING, logger="fp8dit"):
-            per_query = forward(model, inputs)
-    finally:
-        fd.disable(model)
+    (per_query, calls, said), (keys, key_calls, key_said) = hunyuan_video_15_both_masks(
+        model, inputs, caplog)
     assert [(c["backend"], c["mask"]) for c in calls] == [("fp8", (1, 1, 546, 546))] * 2, calls
-    assert fd._PER_QUERY_MASK_HINT in caplog.text  # says how to skip that mask
-    caplog.clear()
-    fp8dit.enable(model)
+    assert fd._PER_QUERY_MASK_HINT in said  # says how to skip that mask
+    assert "per-query" not in key_said
+    # A layer set to another backend gets diffusers' mask again.
+    fp8dit.enable(model, policy=QualityPolicy(bf16_layers=[HV15_LAYERS[0]]))
     try:
-        with fd.record_calls() as calls, caplog.at_level(logging.WARNING, logger="fp8dit"):
-            keys = forward(model, inputs)
-        assert "per-query" not in caplog.text
-        # A layer set to another backend gets diffusers' mask again.
-        fd.disable(model)
-        fp8dit.enable(model, policy=QualityPolicy(bf16_layers=[HV15_LAYERS[0]]))
         with fd.record_calls() as mixed:
             forward(model, inputs)
     finally:
         fd.disable(model)
-    assert [(c["backend"], c["mask"]) for c in calls] == [("fp8", (1, 1, 1, 546))] * 2, calls
+    assert [(c["backend"], c["mask"]) for c in key_calls] == [("fp8", (1, 1, 1, 546))] * 2
     assert [c["mask"] for c in mixed] == [(1, 1, 1, 546)], mixed  # block 0 ran native
     # The video tokens (the model's output) are bitwise those of diffusers' own mask: the same
     # kernel over the same kept keys; only the dropped text tokens' rows differ, unread.
@@ -264,25 +270,16 @@ def test_hunyuan_video_15_gets_the_key_mask_and_the_same_video_bits(fp8_at_any_l
         dict.fromkeys(HV15_LAYERS, "HunyuanVideo15AttnProcessor2_0")
 
 
-def test_hunyuan_video_15_key_mask_with_two_prompts_of_different_lengths(fp8_at_any_length):
+def test_hunyuan_video_15_key_mask_with_two_prompts_of_different_lengths(fp8_at_any_length,
+                                                                         caplog):
     # Classifier-free guidance batches two prompts: each sequence keeps its own text length.
     model, inputs = tiny_hunyuan_video_15()
     inputs = {k: torch.cat([v, v]) if torch.is_tensor(v) and v.dim() else v
               for k, v in inputs.items()}
     inputs["encoder_attention_mask"][1, 7:] = 0  # 7 real prompt tokens, not 13
     inputs["encoder_hidden_states"][1] *= -1
-    model.set_attention_backend("fp8dit")
-    try:
-        with fd.record_calls() as calls:
-            per_query = forward(model, inputs)
-    finally:
-        fd.disable(model)
-    fp8dit.enable(model)
-    try:
-        with fd.record_calls() as key_calls:
-            keys = forward(model, inputs)
-    finally:
-        fd.disable(model)
+    (per_query, calls, _), (keys, key_calls, _) = hunyuan_video_15_both_masks(model, inputs,
+                                                                             caplog)
     assert [(c["backend"], c["mask"]) for c in calls + key_calls] == \
         [("fp8", (2, 1, 546, 546))] * 2 + [("fp8", (2, 1, 1, 546))] * 2
     assert torch.equal(keys, per_query)
