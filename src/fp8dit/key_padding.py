@@ -9,7 +9,8 @@ the kept keys (the padded keys are never read) instead of falling back to SDPA.
 HunyuanVideo 1.5 instead builds a ``[B, 1, S, S]`` mask in every call: (valid query) & (valid
 key), its valid tokens moved first. Per query row that is the same prefix of keys, or nothing;
 it runs FP8 over the prefix too, and the rows that keep no key get zeros (LSE -inf), fp8dit's
-result for a row without keys (SDPA's is undefined there).
+result for a row without keys (SDPA's is undefined there). (``fp8dit.enable`` spares that model
+the mask: its processor then passes the key mask, ``integrations.diffusers_processors``.)
 
 Reading the lengths needs the mask's values on the host: one small device-to-host copy, made
 once per mask tensor (a model builds its mask once per forward and passes it to every layer)

@@ -22,8 +22,10 @@ key-padding ``attn_mask`` that keeps a prefix of keys (HunyuanVideo's ``[B, 1, 1
 which drops the prompt's padding) runs FP8 over the kept keys (:mod:`fp8dit.key_padding`: the
 lengths are read on the host once per mask tensor, and kept on the device inside CUDA-graph
 capture), and so does a per-query ``[B, 1, Sq, Sk]`` mask that is (kept query) & (kept key)
-(HunyuanVideo 1.5's, built in every call: one host read per call; the dropped query rows get
-zeros). Any other mask, a masked causal call, or a non-zero ``dropout_p`` goes to torch SDPA
+(HunyuanVideo 1.5's, built in every call: one read of it on the GPU and one host read per call;
+the dropped query rows get zeros). :func:`enable` spares HunyuanVideo 1.5 that mask: its
+processor is replaced by one that passes fp8dit the key mask (:func:`route_through_dispatcher`).
+Any other mask, a masked causal call, or a non-zero ``dropout_p`` goes to torch SDPA
 (reason logged once on logger ``"fp8dit"``). ``return_lse=True`` also returns the log-sum-exp
 ``[B, S, H]`` float32, the layout diffusers' ring attention merges.
 Context parallelism (Ulysses, ring) is declared supported, forward only: its backward raises.
@@ -527,8 +529,9 @@ def enable(pipe_or_model, policy=None):
         expert). A model: the model itself. Calls diffusers' ``set_attention_backend("fp8dit")``,
         which also makes ``"fp8dit"`` diffusers' active backend (:func:`disable` undoes both).
         First, processors that call torch SDPA directly and so ignore any backend (CogVideoX's)
-        are replaced by ones that go through diffusers' dispatcher
-        (:func:`route_through_dispatcher`).
+        are replaced by ones that go through diffusers' dispatcher, and HunyuanVideo 1.5's by
+        one that hands fp8dit the key mask instead of building a ``[B, 1, S, S]`` mask in every
+        call (:func:`route_through_dispatcher`).
     policy : object, optional
         Per-layer choice, asked once per attention layer here (per-step switching: see
         :class:`fp8dit.guard.QualityPolicy`):
