@@ -19,8 +19,8 @@ those layers.
 diffusers' HunyuanVideo 1.5 processor builds a ``[B, 1, S, S]`` mask, (kept query) & (kept key),
 in every attention call (a ``repeat`` and an ``&`` with its transpose: 22 ms per call on the
 H200 at 480p, as long as fp8dit's attention itself, run s18-1), which fp8dit then reads back
-(2 ms) to find the kept keys. Given fp8dit, it hands over the ``[B, 1, 1, S]`` key mask instead
-and builds nothing of size S^2. The kept tokens' outputs are the same bits (fp8dit runs the
+(1.1 ms, run s18-4) to find the kept keys. Given fp8dit, it hands over the ``[B, 1, 1, S]``
+key mask and builds nothing of size S^2. The kept tokens' outputs are the same bits (fp8dit runs the
 same kernel over the same kept keys either way); only the dropped text tokens' own rows differ
 (zeros under the S^2 mask, attention over the kept keys here), and nothing reads those: they
 are masked as keys in every layer and dropped with the text at the model's end. With any other
