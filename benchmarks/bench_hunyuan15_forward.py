@@ -103,13 +103,13 @@ def forward_inputs(args, device) -> dict:
 def give_sdpa_the_key_mask(model) -> None:
     """The blocks' processors replaced as ``fp8dit.enable`` does, but handing the key mask to
     diffusers' native backend (SDPA) as well."""
+    from fp8dit.integrations import diffusers as fd
     from fp8dit.integrations.diffusers_processors import HunyuanVideo15KeyMaskProcessor
 
+    fd.route_through_dispatcher(model)
     for module in model.modules():
-        processor = getattr(module, "processor", None)
-        if type(processor).__name__ == "HunyuanVideo15AttnProcessor2_0":
-            module.set_processor(HunyuanVideo15KeyMaskProcessor(
-                original=processor, key_mask_backends=("native",)))
+        if isinstance(getattr(module, "processor", None), HunyuanVideo15KeyMaskProcessor):
+            module.processor.key_mask_backends = frozenset({"native"})
 
 
 def main(argv=None) -> int:

@@ -151,7 +151,8 @@ def _mask_stats_words_launch(m: torch.Tensor, block_r: int, block_w: int,
     n_words = triton.cdiv(Sk + 3, 4)  # a row's words at its worst phase
     n_pid = triton.cdiv(triton.cdiv(Sq, 4), block_r)
     counts = torch.empty(B, Sq, dtype=torch.int32, device=m.device)
-    part = torch.zeros(B, 4, n_pid, n_words, dtype=torch.int32, device=m.device)
+    # Every program writes its row's words up to its class's phase + Sk: all the host reads.
+    part = torch.empty(B, 4, n_pid, n_words, dtype=torch.int32, device=m.device)
     with torch.cuda.device(m.device) if m.is_cuda else contextlib.nullcontext():
         mask_row_counts_col_any_words_kernel[(n_pid, 4, B)](
             u8, base_phase, sb, sq, Sq, Sk, n_words, counts, part,
