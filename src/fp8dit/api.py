@@ -14,6 +14,7 @@ import torch
 from . import dispatch, env
 from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import RECIPES, Recipe, get_recipe
+from .rope import apply_rotary, check_rotary, rope_tables
 from .sdpa import sdpa_attention, sdpa_attention_varlen
 
 LAYOUTS = ("NHD", "HND")
@@ -159,6 +160,7 @@ def attention(
     backend: str = "auto",
     recipe: str | None = None,
     num_splits: int | None = None,
+    rotary=None,
 ):
     """Scaled dot-product attention with FP8 tensor-core kernels where they can run.
 
@@ -183,6 +185,12 @@ def attention(
         ``"int8qk-fp8pv"``.
     num_splits : int, optional
         Force every work item into this many kv pieces (testing the split-KV merge).
+    rotary : (cos, sin), optional
+        Rotary position embedding to apply to q and k first, as diffusers' Wan processor
+        applies it (channels 2i, 2i+1 turn by ``cos[..., 2i]``, ``sin[..., 2i+1]``; same
+        arithmetic and roundings, :mod:`fp8dit.rope`): two ``[S, D]`` tables (or diffusers'
+        ``[1, S, 1, D]``), float32 or q's dtype; self-attention only (``Sq == Sk``). The FP8
+        path rotates rows as it quantizes them, without writing rotated copies.
 
     Returns
     -------
@@ -199,21 +207,30 @@ def attention(
     _check_bool("return_lse", return_lse)
     _check_num_splits(num_splits)
     rec = check_recipe(recipe)
+    cos_sin = check_rotary(rotary, q, Sq, Sk, D)
     if B == 0 or Sq == 0 or Sk == 0:
         out = torch.zeros_like(q)
         lse = torch.full((B, H, Sq), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
     name, _ = dispatch.resolve(backend, q, k, v, is_causal,
                                dispatch.effective_tokens([Sq] * B, [Sk] * B))
+    rope = None
+    if cos_sin is not None:
+        # fused into the quantization, except where the kernels do not rotate: SDPA, and the
+        # per-tensor recipe, whose tensor-wide amax pass reads q and k unrotated
+        if name == "fp8" and rec.scales != "tensor":
+            rope = rope_tables(*cos_sin)
+        else:
+            q, k = (apply_rotary(t, *cos_sin, layout) for t in (q, k))
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_fp8(
-                q, k, v, layout, scale, is_causal, rec.name, num_splits or 0
+                q, k, v, layout, scale, is_causal, rec.name, num_splits or 0, rope
             )
         else:
             out, lse = fp8_attention_fwd(
                 q, k, v, layout=layout, scale=scale, is_causal=is_causal, recipe=rec,
-                num_splits=num_splits,
+                num_splits=num_splits, rope=rope,
             )
     else:
         out, lse = sdpa_attention(

@@ -20,6 +20,9 @@ from . import env
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import (
     N_STATS,
+    ROPE_FP32,
+    ROPE_NONE,
+    ROPE_ROUNDED,
     SEQ_FIELDS,
     SEQ_K_LEN,
     abs_max_finalize_kernel,
@@ -325,9 +328,11 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
 
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    q, q_strides, k, k_strides, v, v_strides, kv_perm16: bool = False,
-                   tabs: dict | None = None) -> Workspace:
+                   tabs: dict | None = None, rope: torch.Tensor | None = None) -> Workspace:
     """Fused quantization of Q, K, V (three launches) into a plan-sized workspace. ``tabs``:
-    the plan's device tables, or a call's copy (``device_k_lens``)."""
+    the plan's device tables, or a call's copy (``device_k_lens``). ``rope``: rotary tables
+    ``[2, S, D / 2]`` (:func:`fp8dit.rope.rope_tables`) that Q and K are rotated by as they
+    are loaded."""
     key = plan.key
     dev = q.device
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
@@ -352,6 +357,16 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    and plan.stats_chunk % BN == 0 and k_sub == 1
                    and not recipe.rotate and not tensor_scales)
     n_prog = qbn // kv_rows if kamax_stats else 1
+    rope_mode, rope_args, rope_opts = ROPE_NONE, {}, {}
+    if rope is not None:
+        rope_mode = ROPE_FP32 if rope.dtype == torch.float32 else ROPE_ROUNDED
+        rope_args = dict(rope_ptr=rope, rope_len=rope.shape[1], half_d=rope.shape[2],
+                         ROPE=rope_mode)
+        if rope_mode == ROPE_FP32:  # each product rounded, as torch rounds it
+            rope_opts = dict(enable_fp_fusion=False)
+
+    def grid(blocks, heads):  # with rope, heads first: they share the table's rows in L2
+        return (heads, blocks, B) if rope_mode else (blocks, heads, B)
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -382,13 +397,13 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     if tensor_scales:
         _tensor_abs_max(plan, q, q_strides, k, k_strides, v, v_strides, tabs, amax)
     if plan.n_chunks:
-        kv_channel_stats_kernel[(plan.n_chunks, Hkv, B)](
+        kv_channel_stats_kernel[grid(plan.n_chunks, Hkv)](
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             kblk, plan.n_kblocks,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
             KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
-            num_warps=KV_STATS_WARPS,
+            num_warps=KV_STATS_WARPS, SOFT_CAST=soft, **rope_args, **rope_opts,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
@@ -397,25 +412,25 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
         rows = qbn // n_prog
-        quantize_kv_kernel[(plan.max_k_blocks * k_sub * n_prog, Hkv, B)](
+        quantize_kv_kernel[grid(plan.max_k_blocks * k_sub * n_prog, Hkv)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
             rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=rows, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            num_warps=_tile_warps(rows, Dp),
+            num_warps=_tile_warps(rows, Dp), **rope_args, **rope_opts,
         )
     if plan.max_q_blocks:
         q_rows = Q_QUANT_ROWS.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
-        quantize_q_kernel[(plan.max_q_blocks * q_sub, H, B)](
+        quantize_q_kernel[grid(plan.max_q_blocks * q_sub, H)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, num_warps=_tile_warps(BM // q_sub, Dp),
+            SUBBLOCKS=q_sub, num_warps=_tile_warps(BM // q_sub, Dp), **rope_args, **rope_opts,
         )
     return ws
 
@@ -566,6 +581,7 @@ def launch_fp8_attention(
     plan: Plan, cfg: dict, recipe: Recipe, scale: float,
     q, q_strides, k, k_strides, v, v_strides,
     out, out_strides, lse, lse_strides, device_k_lens: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None,
 ) -> None:
     """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim).
 
@@ -573,7 +589,8 @@ def launch_fp8_attention(
     kernels on the device (a copy of the plan's ``seq`` table with them): nothing is read on the
     host, so a CUDA graph can replay the call with other lengths. Keys between a sequence's
     length and the plan's are quantized as zeros with a unit scale and masked by the kernels
-    (a kv block or split piece with no key left gives an empty partial, as causal ones can)."""
+    (a kv block or split piece with no key left gives an empty partial, as causal ones can).
+    ``rope``: rotary tables Q and K are rotated by as they are quantized (:mod:`fp8dit.rope`)."""
     tabs = None
     if device_k_lens is not None:
         tabs = dict(plan.tables(q.device))
@@ -584,7 +601,7 @@ def launch_fp8_attention(
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         sm90 = use_gluon_sm90(plan, recipe, q.device, cfg.get("kernel"))
         ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
-                            kv_perm16=sm90 is not None, tabs=tabs)
+                            kv_perm16=sm90 is not None, tabs=tabs, rope=rope)
         attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90,
                         tabs=tabs)
 
@@ -601,6 +618,7 @@ def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def fp8_attention_fwd(
     q, k, v, *, layout: str, scale: float, is_causal: bool, recipe: Recipe,
     num_splits: int | None = None, k_lens=None, device_k_lens: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None,
 ):
     """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32).
 
@@ -609,7 +627,8 @@ def fp8_attention_fwd(
     lengths, so the kernels never read the keys past them; a sequence with none gets zeros and
     lse -inf. ``device_k_lens``: the same as an int32 [B] device tensor, each in [1, Sk], that
     the host never reads (CUDA-graph capture): the plan is the one for all ``Sk`` keys, built
-    beforehand (:func:`launch_fp8_attention`)."""
+    beforehand (:func:`launch_fp8_attention`). ``rope``: ``[2, Sq, D / 2]`` rotary tables
+    (:func:`fp8dit.rope.rope_tables`, Sq == Sk) that Q and K are rotated by first."""
     if layout == "NHD":
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -638,7 +657,7 @@ def fp8_attention_fwd(
         plan, cfg, recipe, scale,
         q, _bthd_strides(q, layout), k, _bthd_strides(k, layout), v, _bthd_strides(v, layout),
         out, _bthd_strides(out, layout), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
-        device_k_lens=device_k_lens,
+        device_k_lens=device_k_lens, rope=rope,
     )
     return out, lse
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .common import (
+    cast_for_store,
     finite_or,
     quantize_tile,
     residual_int8,
@@ -54,6 +55,48 @@ AMAX_FLOOR = tl.constexpr(1e-8)
 
 # Channel statistics per chunk: [sum K, sum V, max V, min V].
 N_STATS = 4
+
+
+# Rotary position embedding fused into the loads (``ROPE``): 0 none; 1 fp32 tables, rounded
+# once to the input's dtype; 2 tables in the input's dtype, every product and sum rounded to it.
+ROPE_NONE = 0
+ROPE_FP32 = 1
+ROPE_ROUNDED = 2
+
+
+@triton.jit
+def _rope_pairs(x, rope_ptr, x_ptr, rope_len, half_d, row0, loc, rmask,
+                DP: tl.constexpr, ROWS: tl.constexpr, ROPE: tl.constexpr,
+                SOFT_CAST: tl.constexpr):
+    """Rows ``row0 + loc`` of one head (``x``: fp32 [ROWS, DP], zeros where masked) rotated
+    pairwise the way diffusers' Wan processor rotates q and k before attention, in the same
+    arithmetic and with the same roundings, so the quantization sees bitwise the tensor that
+    processor would have written (and no rotated copy is written or read back).
+
+    Channels (2i, 2i+1) turn by cos[2i] and sin[2i+1] of the token's row of ``rope``
+    ([2, rope_len, half_d]: cos[..., 0::2] then sin[..., 1::2]). ``ROPE_FP32``: fp32 products
+    and sums rounded once to x's dtype (torch's type promotion with fp32 tables; the launch
+    disables FMA contraction, which would round a product less often than torch does).
+    ``ROPE_ROUNDED``: tables in x's dtype, each product and sum rounded to it (torch's
+    elementwise ops on bf16 tensors: a model cast to bf16 casts its rotary buffers too)."""
+    HALF: tl.constexpr = DP // 2
+    i = tl.arange(0, HALF)
+    m = rmask[:, None] & (i < half_d)[None, :]
+    at = rope_ptr + (row0 + loc)[:, None] * half_d + i[None, :]
+    c = tl.load(at, mask=m, other=0.0).to(tl.float32)
+    s = tl.load(at + rope_len * half_d, mask=m, other=0.0).to(tl.float32)
+    xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
+    if ROPE == 2:  # ROPE_ROUNDED
+        ec = cast_for_store(xe * c, x_ptr, SOFT_CAST).to(tl.float32)
+        os_ = cast_for_store(xo * s, x_ptr, SOFT_CAST).to(tl.float32)
+        es = cast_for_store(xe * s, x_ptr, SOFT_CAST).to(tl.float32)
+        oc = cast_for_store(xo * c, x_ptr, SOFT_CAST).to(tl.float32)
+        oe = cast_for_store(ec - os_, x_ptr, SOFT_CAST)
+        oo = cast_for_store(es + oc, x_ptr, SOFT_CAST)
+    else:
+        oe = cast_for_store(xe * c - xo * s, x_ptr, SOFT_CAST)
+        oo = cast_for_store(xe * s + xo * c, x_ptr, SOFT_CAST)
+    return tl.reshape(tl.join(oe, oo), [ROWS, DP]).to(tl.float32)
 
 
 @triton.jit
@@ -95,6 +138,7 @@ def kv_channel_stats_kernel(
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    rope_ptr=None, rope_len=0, half_d=0, ROPE: tl.constexpr = 0, SOFT_CAST: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -110,11 +154,19 @@ def kv_channel_stats_kernel(
     ``PREFETCH``: the next sub-tile's loads are issued before the current one's work, so each
     program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
     better, run s12-5).
+
+    ``ROPE`` (``_rope_pairs``): K is rotated as loaded; the grid is (kv head, chunk, sequence)
+    then, so the programs running at once share the chunk's rows of the rotary table in L2.
     """
-    c = tl.program_id(0)
-    h = tl.program_id(1)
+    if ROPE:
+        h = tl.program_id(0)
+        c = tl.program_id(1)
+        Hkv = tl.num_programs(0)
+    else:
+        c = tl.program_id(0)
+        h = tl.program_id(1)
+        Hkv = tl.num_programs(1)
     b = tl.program_id(2)
-    Hkv = tl.num_programs(1)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     t0 = c * CHUNK
@@ -152,6 +204,9 @@ def kv_channel_stats_kernel(
                                         offs_d, dmask, loc)
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
+                if ROPE:
+                    k = _rope_pairs(k, rope_ptr, k_ptr, rope_len, half_d, t0 + i, loc,
+                                    t0 + i + loc < k_len, DP, SUB, ROPE, SOFT_CAST)
                 ksum += finite_or(k, 0.0)
                 vsum += finite_or(v, 0.0)
                 vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
@@ -255,6 +310,7 @@ def quantize_kv_kernel(
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
+    rope_ptr=None, rope_len=0, half_d=0, ROPE: tl.constexpr = 0,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -273,12 +329,19 @@ def quantize_kv_kernel(
     ``TENSOR_SCALES``: K's scale is its tensor-wide amax (``amax_ptr[1]``) instead of the
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
+    ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
+    it; the grid is (kv head, block, sequence) then (see ``kv_channel_stats_kernel``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    blk = tl.program_id(0)
-    h = tl.program_id(1)
+    if ROPE:
+        h = tl.program_id(0)
+        blk = tl.program_id(1)
+        Hkv = tl.num_programs(0)
+    else:
+        blk = tl.program_id(0)
+        h = tl.program_id(1)
+        Hkv = tl.num_programs(1)
     b = tl.program_id(2)
-    Hkv = tl.num_programs(1)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     # a multiple of the plan's kv block: said so, or the V^T store along tokens, whose base
@@ -309,6 +372,9 @@ def quantize_kv_kernel(
             + loc[:, None] * k_st + offs_d[None, :] * k_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
+        if ROPE:
+            k = _rope_pairs(k, rope_ptr, k_ptr, rope_len, half_d, blk * BLOCK_N, loc, rmask, DP,
+                            BLOCK_N, ROPE, SOFT_FP8_CAST)
         if KV_PERM16:
             # V's rows are read in the order the attention kernel's P registers want them
             # (row i of the tile is token vloc[i]), so V^T is stored straight along tokens:
@@ -394,6 +460,7 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
+    rope_ptr=None, rope_len=0, half_d=0, ROPE: tl.constexpr = 0,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
 
@@ -404,12 +471,19 @@ def quantize_q_kernel(
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
     tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
     ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
+    ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; the grid is (head, block, sequence)
+    then, so the programs running at once share the block's rows of the rotary table in L2.
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    blk = tl.program_id(0)
-    h = tl.program_id(1)
+    if ROPE:
+        h = tl.program_id(0)
+        blk = tl.program_id(1)
+        H = tl.num_programs(0)
+    else:
+        blk = tl.program_id(0)
+        h = tl.program_id(1)
+        H = tl.num_programs(1)
     b = tl.program_id(2)
-    H = tl.num_programs(1)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
@@ -428,6 +502,9 @@ def quantize_q_kernel(
             + loc[:, None] * q_st + offs_d[None, :] * q_sd,
             mask=m, other=0.0,
         ).to(tl.float32)
+        if ROPE:
+            q = _rope_pairs(q, rope_ptr, q_ptr, rope_len, half_d, blk * BLOCK_M, loc, rmask, DP,
+                            BLOCK_M, ROPE, SOFT_FP8_CAST)
         if ROTATE:
             qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
         else:
