@@ -371,3 +371,79 @@ def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
     assert seen["common"]["timing"] == "alternating" and seen["common"]["torch"]
     assert seen["model_bytes"] == sum(p.numel() * p.element_size() for p in fp8.parameters())
     assert rows[0]["repeats"] == 2 and out is None and suffix == "cogvideox-forward"
+
+
+WAN_LAYERS = [f"blocks.{i}.attn{j}" for i in range(2) for j in (1, 2)]
+
+
+def tiny_wan_model(rope_dtype):
+    """conftest's tiny Wan (2 layers of 2 heads x 16, bf16 weights), its rotary tables in
+    ``rope_dtype``: float32 as diffusers builds them, bfloat16 as ``model.to(bfloat16)`` casts
+    them (so in every benchmark and most pipelines)."""
+    from conftest import TINY_WAN
+
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(**TINY_WAN).to(DEVICE).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    for name in ("freqs_cos", "freqs_sin"):
+        setattr(model.rope, name, getattr(model.rope, name).to(rope_dtype))
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    inputs = dict(
+        hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),
+        timestep=torch.tensor([700.0], device=DEVICE),
+        encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
+    )
+    return model, inputs
+
+
+@pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
+def test_wan_rotary_processor_gives_the_bits_of_diffusers_processor(rope_dtype):
+    model, inputs = tiny_wan_model(rope_dtype)
+    fd.register()
+    model.set_attention_backend("native")
+    native = forward(model, inputs)
+    model.set_attention_backend("fp8dit")  # diffusers' processors: rotated copies to fp8dit
+    with fd.record_calls() as stock_calls:
+        stock = forward(model, inputs)
+    fp8dit.enable(model)
+    try:
+        assert {n: type(model.get_submodule(n).processor).__name__ for n in WAN_LAYERS} == \
+            dict.fromkeys(WAN_LAYERS, "WanRotaryProcessor")
+        with fd.record_calls() as calls:
+            fused = forward(model, inputs)
+    finally:
+        fd.disable(model)
+    assert torch.equal(fused, stock)
+    assert [(c["backend"], c.get("rotary")) for c in calls] == \
+        [("fp8", "fused"), ("fp8", None)] * 2, calls  # self-attention fused, cross as before
+    assert [c["q"] for c in calls] == [c["q"] for c in stock_calls]
+    stats = error_stats(fused, native)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)
+    assert {type(model.get_submodule(n).processor).__name__ for n in WAN_LAYERS} == \
+        {"WanAttnProcessor"}
+    # another backend (a policy's bf16 layer) runs diffusers' processor itself: its bits
+    fp8dit.enable(model, policy=QualityPolicy(bf16_layers=WAN_LAYERS))
+    try:
+        assert torch.equal(forward(model, inputs), native)
+    finally:
+        fd.disable(model)
+
+
+def test_wan_rotary_processor_adds_no_graph_break():
+    model, inputs = tiny_wan_model(torch.bfloat16)
+    explanation = explain_with_fp8dit(model, inputs)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    code = "".join(g.code for g in explanation.graphs)
+    assert code.count("fp8dit.attention_fp8") == 4  # self (with the tables) and cross, x2
+
+
+def test_wan_replacement_is_guarded_by_diffusers_signature(monkeypatch):
+    # diffusers 0.42's WanAttnProcessor: replaced; a changed call signature or a missing
+    # projection helper: left alone (a release that moves them fails the test above instead)
+    from diffusers.models.transformers import transformer_wan as tw
+
+    proc = tw.WanAttnProcessor()
+    assert isinstance(dp.replacement_for(proc), dp.WanRotaryProcessor)
+    monkeypatch.delattr(tw, "_get_qkv_projections")
+    assert dp.replacement_for(proc) is None

@@ -163,7 +163,8 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
 
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-               return_lse):
+               return_lse, rotary=None):
+    # rotary: only from rotary_attention (no mask, no dropout)
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     fallback = None
     if dropout_p:
@@ -190,9 +191,12 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape),
                              recipe=rec.name if rec else None,
                              kernel=kernel_for(query.shape[-1], key.shape[1], is_causal, rec,
-                                               query.device) if rec else None))
+                                               query.device) if rec else None,
+                             **({} if rotary is None else dict(
+                                 rotary="fused" if rec and rec.scales != "tensor"
+                                 else "rotated first"))))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
-                    return_lse=return_lse, recipe=_recipe)
+                    return_lse=return_lse, recipe=_recipe, rotary=rotary)
     if return_lse:
         out, lse = out
         return out, lse.transpose(1, 2).contiguous()  # fp8dit [B, H, S] -> diffusers [B, S, H]
@@ -239,6 +243,14 @@ def fp8dit_attention(
         )
     return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       return_lse)
+
+
+def rotary_attention(query, key, value, rotary):
+    """fp8dit's diffusers backend for a self-attention whose q and k still need their rotary
+    embedding (``fp8dit.attention(rotary=...)``, diffusers' Wan arithmetic): what the
+    dispatcher's call with the rotated q and k gives, bitwise, without the rotated copies.
+    :class:`~fp8dit.integrations.diffusers_processors.WanRotaryProcessor` calls it."""
+    return _attention(query, key, value, None, 0.0, False, None, False, False, rotary=rotary)
 
 
 def _wait_collectives(*tensors):
