@@ -146,8 +146,11 @@ def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp
 
 
 @pytest.mark.parametrize("args", [["kv"], ["kv", "--dp", "64", "--rows", "64"], ["q"],
-                                  ["stats"], ["stats", "--dp", "64", "--sub", "8"]],
-                         ids=["kv-d128", "kv-d64", "q", "stats-d128", "stats-d64"])
+                                  ["stats"], ["stats", "--dp", "64", "--sub", "8"],
+                                  ["kv", "--rope", "2"], ["q", "--rope", "2"],
+                                  ["stats", "--rope", "2"], ["stats", "--rope", "1"]],
+                         ids=["kv-d128", "kv-d64", "q", "stats-d128", "stats-d64",
+                              "kv-d128-rope", "q-rope", "stats-d128-rope", "stats-rope-fp32"])
 def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
     """The quantization kernels as the H200 runs them (the launch's specializations included):
     global stores vectorized and no spills. V^T's store went byte-wise once when its base's

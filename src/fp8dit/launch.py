@@ -360,7 +360,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     rope_mode, rope_args, rope_opts = ROPE_NONE, {}, {}
     if rope is not None:
         rope_mode = ROPE_FP32 if rope.dtype == torch.float32 else ROPE_ROUNDED
-        rope_args = dict(rope_ptr=rope, rope_len=rope.shape[1], half_d=rope.shape[2],
+        rope_args = dict(cos_ptr=rope[0], sin_ptr=rope[1], HALF_D=rope.shape[2],
                          ROPE=rope_mode)
         if rope_mode == ROPE_FP32:  # each product rounded, as torch rounds it
             rope_opts = dict(enable_fp_fusion=False)

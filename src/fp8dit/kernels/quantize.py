@@ -65,26 +65,28 @@ ROPE_ROUNDED = 2
 
 
 @triton.jit
-def _rope_pairs(x, rope_ptr, x_ptr, rope_len, half_d, row0, loc, rmask,
-                DP: tl.constexpr, ROWS: tl.constexpr, ROPE: tl.constexpr,
+def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask,
+                DP: tl.constexpr, ROWS: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
                 SOFT_CAST: tl.constexpr):
     """Rows ``row0 + loc`` of one head (``x``: fp32 [ROWS, DP], zeros where masked) rotated
     pairwise the way diffusers' Wan processor rotates q and k before attention, in the same
     arithmetic and with the same roundings, so the quantization sees bitwise the tensor that
     processor would have written (and no rotated copy is written or read back).
 
-    Channels (2i, 2i+1) turn by cos[2i] and sin[2i+1] of the token's row of ``rope``
-    ([2, rope_len, half_d]: cos[..., 0::2] then sin[..., 1::2]). ``ROPE_FP32``: fp32 products
+    Channels (2i, 2i+1) turn by cos[2i] and sin[2i+1] of the token's row: ``cos_ptr`` and
+    ``sin_ptr`` hold ``HALF_D`` values per token (cos[..., 0::2], sin[..., 1::2]); a constant
+    row length lets the loads go 16 bytes at a time (a runtime one made them 2-byte loads,
+    sm_90 SASS of triton 3.9). ``ROPE_FP32``: fp32 products
     and sums rounded once to x's dtype (torch's type promotion with fp32 tables; the launch
     disables FMA contraction, which would round a product less often than torch does).
     ``ROPE_ROUNDED``: tables in x's dtype, each product and sum rounded to it (torch's
     elementwise ops on bf16 tensors: a model cast to bf16 casts its rotary buffers too)."""
     HALF: tl.constexpr = DP // 2
     i = tl.arange(0, HALF)
-    m = rmask[:, None] & (i < half_d)[None, :]
-    at = rope_ptr + (row0 + loc)[:, None] * half_d + i[None, :]
-    c = tl.load(at, mask=m, other=0.0).to(tl.float32)
-    s = tl.load(at + rope_len * half_d, mask=m, other=0.0).to(tl.float32)
+    m = rmask[:, None] & (i < HALF_D)[None, :]
+    at = (row0 + loc)[:, None] * HALF_D + i[None, :]
+    c = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
     if ROPE == 2:  # ROPE_ROUNDED
         ec = cast_for_store(xe * c, x_ptr, SOFT_CAST).to(tl.float32)
@@ -138,7 +140,8 @@ def kv_channel_stats_kernel(
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
     PREFETCH: tl.constexpr = False,
-    rope_ptr=None, rope_len=0, half_d=0, ROPE: tl.constexpr = 0, SOFT_CAST: tl.constexpr = False,
+    cos_ptr=None, sin_ptr=None, HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0,
+    SOFT_CAST: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -205,8 +208,8 @@ def kv_channel_stats_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
                 if ROPE:
-                    k = _rope_pairs(k, rope_ptr, k_ptr, rope_len, half_d, t0 + i, loc,
-                                    t0 + i + loc < k_len, DP, SUB, ROPE, SOFT_CAST)
+                    k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i, loc,
+                                    t0 + i + loc < k_len, DP, SUB, HALF_D, ROPE, SOFT_CAST)
                 ksum += finite_or(k, 0.0)
                 vsum += finite_or(v, 0.0)
                 vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
@@ -310,7 +313,7 @@ def quantize_kv_kernel(
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
-    rope_ptr=None, rope_len=0, half_d=0, ROPE: tl.constexpr = 0,
+    cos_ptr=None, sin_ptr=None, HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -373,8 +376,8 @@ def quantize_kv_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROPE:
-            k = _rope_pairs(k, rope_ptr, k_ptr, rope_len, half_d, blk * BLOCK_N, loc, rmask, DP,
-                            BLOCK_N, ROPE, SOFT_FP8_CAST)
+            k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N, loc, rmask, DP,
+                            BLOCK_N, HALF_D, ROPE, SOFT_FP8_CAST)
         if KV_PERM16:
             # V's rows are read in the order the attention kernel's P registers want them
             # (row i of the tile is token vloc[i]), so V^T is stored straight along tokens:
@@ -387,7 +390,7 @@ def quantize_kv_kernel(
         mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
         v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
                 + vloc[:, None] * v_st + offs_d[None, :] * v_sd)
-        if KAMAX_FROM_STATS:
+        if KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
             # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
             # after the K store in program order); 256-row programs (D=64) measured slower
             # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
@@ -431,7 +434,7 @@ def quantize_kv_kernel(
         else:
             tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
 
-        if not KAMAX_FROM_STATS:
+        if ROPE or not KAMAX_FROM_STATS:
             v = tl.load(v_at, mask=mv, other=0.0)
         v = v.to(tl.float32)
         # Transposed in registers so the store runs along tokens (contiguous in v8t).
@@ -460,7 +463,7 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    rope_ptr=None, rope_len=0, half_d=0, ROPE: tl.constexpr = 0,
+    cos_ptr=None, sin_ptr=None, HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
 
@@ -503,8 +506,8 @@ def quantize_q_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROPE:
-            q = _rope_pairs(q, rope_ptr, q_ptr, rope_len, half_d, blk * BLOCK_M, loc, rmask, DP,
-                            BLOCK_M, ROPE, SOFT_FP8_CAST)
+            q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M, loc, rmask, DP,
+                            BLOCK_M, HALF_D, ROPE, SOFT_FP8_CAST)
         if ROTATE:
             qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
         else:
