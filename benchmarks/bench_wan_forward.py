@@ -11,6 +11,10 @@ GPU runs at its power cap and its clock drifts as it warms; one forward is far l
 any cache, so inputs are not rotated), peak memory, and the output's cosine and rel-L1
 against the eager bf16 SDPA forward.
 
+``--diffusers-rope`` adds a third model on fp8dit through diffusers' own Wan processors (q and
+k rotated by diffusers' eager ops, then fp8dit), the path before fp8dit fused the rotation into
+its quantization (``fp8dit.enable`` swaps in ``WanRotaryProcessor``).
+
 ``--compile`` adds torch.compile'd rows (both backends) and counts each model's graph breaks with
 ``torch._dynamo.explain``; ``--cuda-graph`` captures each forward after warm-up and replays it.
 Rows are appended to ``benchmarks/results/<gpu>-wan-forward.json``; a table is printed last.
@@ -43,6 +47,8 @@ def parse_args(argv=None):
                    help="SDPA kernel forced for the baseline (default cudnn)")
     p.add_argument("--compile", action="store_true", help="also torch.compile both backends")
     p.add_argument("--cuda-graph", action="store_true", help="also capture and replay")
+    p.add_argument("--diffusers-rope", action="store_true",
+                   help="also fp8dit behind diffusers' own processors (eager rotation)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file (default results/<gpu>-wan-forward.json)")
     args = p.parse_args(argv)
@@ -210,7 +216,8 @@ def main(argv=None) -> int:
         return 2
 
     models = backend_models([args.sdpa],
-                            lambda: build_model(preset, args.layers, args.seed, device))
+                            lambda: build_model(preset, args.layers, args.seed, device),
+                            ["fp8dit-diffusers-rope"] if args.diffusers_rope else [])
     inputs = forward_inputs(preset, args.seed + 1, device)
     pin_backends(models)
     return run_and_report(models, inputs, args, "wan-forward", dict(
@@ -247,11 +254,14 @@ def run_and_report(models: dict, inputs: dict, args, suffix: str, meta: dict) ->
     return report(rows, baseline, Path(args.out) if args.out else None, suffix)
 
 
-def backend_models(baselines, build) -> dict:
-    """``{"sdpa-<kernel>": build(), ..., "fp8dit": build()}``: one model per backend (``build``
-    seeds its weights, so they are the same), since the backends alternate call by call and a
-    compiled model or captured graph cannot switch its attention backend."""
-    return {name: build() for name in [f"sdpa-{s}" for s in baselines] + ["fp8dit"]}
+def backend_models(baselines, build, fp8dit_variants=()) -> dict:
+    """``{"sdpa-<kernel>": build(), ..., "fp8dit": build(), "fp8dit-<variant>": build()}``: one
+    model per backend (``build`` seeds its weights, so they are the same), since the backends
+    alternate call by call and a compiled model or captured graph cannot switch its attention
+    backend. A ``fp8dit-<variant>`` model runs fp8dit through diffusers' own processors
+    (``set_attention_backend``, not ``fp8dit.enable``)."""
+    return {name: build()
+            for name in [f"sdpa-{s}" for s in baselines] + ["fp8dit", *fp8dit_variants]}
 
 
 def pin_backends(models: dict, layer_backends: dict | None = None) -> None:
@@ -266,6 +276,9 @@ def pin_backends(models: dict, layer_backends: dict | None = None) -> None:
     # without their own follow: the baselines' layers are pinned to "native" explicitly, and
     # checked, or every model would run fp8dit (as a first version of this script did).
     layer_backends = dict(layer_backends or {}, fp8dit="fp8dit")
+    for name in models:
+        if name.startswith("fp8dit-"):  # diffusers' processors, fp8dit's backend
+            layer_backends[name] = "fp8dit"
     for name, model in models.items():
         if name != "fp8dit":
             model.set_attention_backend(layer_backends.get(name, "native"))
@@ -291,7 +304,7 @@ def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: i
 
     def forward(fn, name):
         def call():
-            if name == "fp8dit":
+            if name.startswith("fp8dit"):
                 return fn(**inputs, return_dict=False)[0]
             # "sdpa-<kernel>[-variant]": the variant is the layers' backend (pin_backends)
             with sdpa_context(name.removeprefix("sdpa-").split("-")[0]):
@@ -360,9 +373,9 @@ def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: i
 
     by_key = {(r["mode"], r["backend"]): r for r in rows}
     for r in rows:
-        if r["backend"] != "fp8dit" or "ms_median" not in r:
+        if not r["backend"].startswith("fp8dit") or "ms_median" not in r:
             continue
-        for name in (n for n in names if n != "fp8dit"):  # "speedup": against ``baseline``
+        for name in (n for n in names if n != r["backend"]):  # "speedup": against ``baseline``
             base = by_key.get((r["mode"], name))
             if base and "ms_median" in base:
                 ratio = round(base["ms_median"] / r["ms_median"], 3)

@@ -10,6 +10,10 @@ rotary embedding of q and k written as diffusers computes it (interleaved pairs,
 bf16 out), the same norms + rotation under torch.compile (one fused kernel each), fp8dit's
 attention call, and the whole processor call. It says how much a rotation fused into fp8dit's
 quantization could take off an eager and a compiled forward.
+
+Since session 19 it also times that fusion (``fp8dit.attention(rotary=...)``, fp32 and bf16
+tables) against the attention of pre-rotated q and k, and the processor fp8dit.enable swaps in
+(``WanRotaryProcessor``) against diffusers' own, and checks that each gives the same bits.
 """
 
 from __future__ import annotations
@@ -89,6 +93,26 @@ def main(argv=None) -> int:
     vh = v.unflatten(2, (40, -1))
     assert torch.allclose(fused_q(q).float(), norm_rope(q, attn.norm_q).float(), atol=0.05)
     attn.set_attention_backend("fp8dit")
+    from fp8dit.integrations.diffusers_processors import WanRotaryProcessor
+    fused_attn = WanAttention(dim=5120, heads=40, dim_head=128, eps=1e-6,
+                              processor=WanRotaryProcessor(WanAttnProcessor()))
+    fused_attn.load_state_dict(attn.state_dict())
+    fused_attn = fused_attn.to(dev, torch.bfloat16).eval().requires_grad_(False)
+    fused_attn.set_attention_backend("fp8dit")
+    cos16, sin16 = cos.bfloat16(), sin.bfloat16()
+    qr16, kr16 = rotate_interleaved(qn, cos16, sin16), rotate_interleaved(kn, cos16, sin16)
+    with torch.no_grad():
+        for what, got, want in [
+            ("fused rotation, fp32 tables", fp8dit.attention(qn, kn, vh, rotary=(cos, sin)),
+             fp8dit.attention(qr, kr, vh)),
+            ("fused rotation, bf16 tables",
+             fp8dit.attention(qn, kn, vh, rotary=(cos16, sin16)), fp8dit.attention(qr16, kr16, vh)),
+            ("WanRotaryProcessor vs diffusers' processor", fused_attn(x, rotary_emb=(cos, sin)),
+             attn(x, rotary_emb=(cos, sin))),
+        ]:
+            diff = (got.float() - want.float()).abs()
+            print(f"check {what}: bitwise {torch.equal(got, want)}, max |diff| "
+                  f"{diff.max().item():.3g}, elements differing {(diff > 0).sum().item()}")
     rows = {
         "q, k, v projections (3 GEMMs)": project,
         "RMS norms of q and k, eager": norms,
@@ -97,10 +121,20 @@ def main(argv=None) -> int:
                                             norm_rope(k, attn.norm_k)),
         "norms + rotation, torch.compile": lambda: (fused_q(q), fused_k(k)),
         "fp8dit attention (NHD, quantization included)": lambda: fp8dit.attention(qr, kr, vh),
+        "fp8dit attention, rotary fused, fp32 tables":
+            lambda: fp8dit.attention(qn, kn, vh, rotary=(cos, sin)),
+        "fp8dit attention, rotary fused, bf16 tables":
+            lambda: fp8dit.attention(qn, kn, vh, rotary=(cos16, sin16)),
         "whole processor call, fp8dit, eager": lambda: attn(x, rotary_emb=(cos, sin)),
+        "whole processor call, fp8dit, WanRotaryProcessor":
+            lambda: fused_attn(x, rotary_emb=(cos, sin)),
+        "whole processor call, fp8dit, eager, bf16 tables":
+            lambda: attn(x, rotary_emb=(cos16, sin16)),
+        "whole processor call, WanRotaryProcessor, bf16 tables":
+            lambda: fused_attn(x, rotary_emb=(cos16, sin16)),
     }
     with torch.no_grad():
-        print_times(rows, args.repeats, width=48)
+        print_times(rows, args.repeats, width=56)
     return 0
 
 
