@@ -14,7 +14,7 @@ import torch
 from . import dispatch, env
 from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import RECIPES, Recipe, get_recipe
-from .rope import apply_rotary, check_rotary, rope_tables
+from .rope import apply_rotary, check_rotary, fused_rotary, rope_tables
 from .sdpa import sdpa_attention, sdpa_attention_varlen
 
 LAYOUTS = ("NHD", "HND")
@@ -216,9 +216,9 @@ def attention(
                                dispatch.effective_tokens([Sq] * B, [Sk] * B))
     rope = None
     if cos_sin is not None:
-        # fused into the quantization, except where the kernels do not rotate: SDPA, and the
-        # per-tensor recipe, whose tensor-wide amax pass reads q and k unrotated
-        if name == "fp8" and rec.scales != "tensor":
+        # fused into the quantization, except where the kernels do not rotate: SDPA, the
+        # per-tensor recipe (its tensor-wide amax pass reads q and k unrotated), fp16 tables
+        if name == "fp8" and rec.scales != "tensor" and fused_rotary(q, cos_sin):
             rope = rope_tables(*cos_sin)
         else:
             q, k = (apply_rotary(t, *cos_sin, layout) for t in (q, k))

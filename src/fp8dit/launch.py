@@ -357,13 +357,11 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    and plan.stats_chunk % BN == 0 and k_sub == 1
                    and not recipe.rotate and not tensor_scales)
     n_prog = qbn // kv_rows if kamax_stats else 1
-    rope_mode, rope_args, rope_opts = ROPE_NONE, {}, {}
-    if rope is not None:
+    rope_mode, rope_args = ROPE_NONE, {}
+    if rope is not None:  # fp32 tables, or bf16 tables with bf16 inputs (fp8dit.rope)
         rope_mode = ROPE_FP32 if rope.dtype == torch.float32 else ROPE_ROUNDED
         rope_args = dict(cos_ptr=rope[0], sin_ptr=rope[1], HALF_D=rope.shape[2],
                          ROPE=rope_mode)
-        if rope_mode == ROPE_FP32:  # each product rounded, as torch rounds it
-            rope_opts = dict(enable_fp_fusion=False)
 
     def grid(blocks, heads):  # with rope, heads first: they share the table's rows in L2
         return (heads, blocks, B) if rope_mode else (blocks, heads, B)
@@ -403,7 +401,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
             KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
-            num_warps=KV_STATS_WARPS, SOFT_CAST=soft, **rope_args, **rope_opts,
+            num_warps=KV_STATS_WARPS, SOFT_CAST=soft, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
@@ -419,7 +417,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            num_warps=_tile_warps(rows, Dp), **rope_args, **rope_opts,
+            num_warps=_tile_warps(rows, Dp), **rope_args,
         )
     if plan.max_q_blocks:
         q_rows = Q_QUANT_ROWS.get(Dp, BM)
@@ -430,7 +428,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, num_warps=_tile_warps(BM // q_sub, Dp), **rope_args, **rope_opts,
+            SUBBLOCKS=q_sub, num_warps=_tile_warps(BM // q_sub, Dp), **rope_args,
         )
     return ws
 

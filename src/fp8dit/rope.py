@@ -54,6 +54,13 @@ def check_rotary(rotary, q: torch.Tensor, Sq: int, Sk: int, D: int):
     return tuple(out)
 
 
+def fused_rotary(q: torch.Tensor, cos_sin) -> bool:
+    """Whether the kernels can rotate like diffusers here: fp32 tables (rounded once to q's
+    dtype), or bf16 tables with bf16 q and k (each op rounded to bf16, done in the fp32 bits:
+    ``kernels.common.round_to_bf16_grid``); fp16 tables are rotated by :func:`apply_rotary`."""
+    return cos_sin[0].dtype == torch.float32 or q.dtype == torch.bfloat16
+
+
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The ``[2, S, D / 2]`` table the kernels read: ``cos[:, 0::2]`` then ``sin[:, 1::2]``,
     the only columns the rotation uses (half the bytes; one pointer)."""

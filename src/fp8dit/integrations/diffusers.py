@@ -164,6 +164,8 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse, rotary=None):
+    from ..rope import fused_rotary
+
     # rotary: only from rotary_attention (no mask, no dropout)
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     fallback = None
@@ -194,7 +196,7 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
                                                query.device) if rec else None,
                              **({} if rotary is None else dict(
                                  rotary="fused" if rec and rec.scales != "tensor"
-                                 else "rotated first"))))
+                                 and fused_rotary(query, rotary) else "rotated first"))))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
                     return_lse=return_lse, recipe=_recipe, rotary=rotary)
     if return_lse:

@@ -73,17 +73,36 @@ def p_to_fp8(p, SOFT_FP8_CAST: tl.constexpr):
 
 
 @triton.jit
+def round_to_bf16_grid(x):
+    """fp32 ``x`` rounded to the nearest bfloat16 value (ties to even), still in fp32: add half
+    an ulp of bf16 in the fp32 bits, clear the low 16 bits; NaN is kept as is (the add could
+    carry a NaN payload into inf). Integer work, so no compiler folds it away (an fp32 -> bf16 ->
+    fp32 round trip of a product was not rounded on the H200, run s19-3)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+    return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
+
+
+@triton.jit
+def mul_rn(a, b, SOFT_CAST: tl.constexpr):
+    """fp32 ``a * b`` rounded on its own, as torch rounds each product of an element-wise
+    expression: PTX ``mul.rn`` is never contracted into an FMA with a following add (a
+    contracted ``a * b - c * d`` rounds once less). The interpreter rounds every op anyway."""
+    if SOFT_CAST:
+        return a * b
+    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def to_bf16(x, SOFT_CAST: tl.constexpr):
     """Round-to-nearest-even cast of fp32 to bfloat16.
 
     ``SOFT_CAST`` (the interpreter only): its fp32->bf16 conversion truncates, so round in the
-    fp32 bits first (add half an ulp of bf16, ties to even, clear the low 16 bits); NaN is kept
-    as is (the add could carry a NaN payload into inf). The GPU's cvt.rn.bf16.f32 needs none.
+    fp32 bits first (:func:`round_to_bf16_grid`). The GPU's cvt.rn.bf16.f32 needs none.
     """
     if SOFT_CAST:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
-        x = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
+        x = round_to_bf16_grid(x)
     return x.to(tl.bfloat16)
 
 

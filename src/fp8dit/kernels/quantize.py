@@ -28,8 +28,10 @@ import triton.language as tl
 from .common import (
     cast_for_store,
     finite_or,
+    mul_rn,
     quantize_tile,
     residual_int8,
+    round_to_bf16_grid,
     to_bf16,
     to_fp8_e4m3,
     v_block_log2_scale,
@@ -76,11 +78,15 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask,
     Channels (2i, 2i+1) turn by cos[2i] and sin[2i+1] of the token's row: ``cos_ptr`` and
     ``sin_ptr`` hold ``HALF_D`` values per token (cos[..., 0::2], sin[..., 1::2]); a constant
     row length lets the loads go 16 bytes at a time (a runtime one made them 2-byte loads,
-    sm_90 SASS of triton 3.9). ``ROPE_FP32``: fp32 products
-    and sums rounded once to x's dtype (torch's type promotion with fp32 tables; the launch
-    disables FMA contraction, which would round a product less often than torch does).
-    ``ROPE_ROUNDED``: tables in x's dtype, each product and sum rounded to it (torch's
-    elementwise ops on bf16 tensors: a model cast to bf16 casts its rotary buffers too)."""
+    sm_90 SASS of triton 3.9). ``ROPE_FP32``: fp32 products and sums rounded once to x's dtype
+    (torch's type promotion with fp32 tables), each product rounded on its own (``mul_rn``) as
+    torch rounds it. ``ROPE_ROUNDED``: bf16 tables and inputs, each product and sum rounded to
+    bf16 (torch's element-wise ops on bf16 tensors: a model cast to bf16 casts its rotary
+    buffers too), in the fp32 bits (``round_to_bf16_grid``).
+
+    Q's LSE correction (q . mean K) may differ from the unfused path's in its last bits: the
+    rotated tile's register layout changes the order of that sum (run s19-3).
+    """
     HALF: tl.constexpr = DP // 2
     i = tl.arange(0, HALF)
     m = rmask[:, None] & (i < HALF_D)[None, :]
@@ -88,17 +94,15 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask,
     c = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
-    if ROPE == 2:  # ROPE_ROUNDED
-        ec = cast_for_store(xe * c, x_ptr, SOFT_CAST).to(tl.float32)
-        os_ = cast_for_store(xo * s, x_ptr, SOFT_CAST).to(tl.float32)
-        es = cast_for_store(xe * s, x_ptr, SOFT_CAST).to(tl.float32)
-        oc = cast_for_store(xo * c, x_ptr, SOFT_CAST).to(tl.float32)
-        oe = cast_for_store(ec - os_, x_ptr, SOFT_CAST)
-        oo = cast_for_store(es + oc, x_ptr, SOFT_CAST)
+    if ROPE == 2:  # ROPE_ROUNDED (a product of two bf16 values is exact in fp32)
+        oe = round_to_bf16_grid(round_to_bf16_grid(xe * c) - round_to_bf16_grid(xo * s))
+        oo = round_to_bf16_grid(round_to_bf16_grid(xe * s) + round_to_bf16_grid(xo * c))
     else:
-        oe = cast_for_store(xe * c - xo * s, x_ptr, SOFT_CAST)
-        oo = cast_for_store(xe * s + xo * c, x_ptr, SOFT_CAST)
-    return tl.reshape(tl.join(oe, oo), [ROWS, DP]).to(tl.float32)
+        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s, SOFT_CAST), x_ptr,
+                            SOFT_CAST).to(tl.float32)
+        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c, SOFT_CAST), x_ptr,
+                            SOFT_CAST).to(tl.float32)
+    return tl.reshape(tl.join(oe, oo), [ROWS, DP])
 
 
 @triton.jit
