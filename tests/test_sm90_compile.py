@@ -55,6 +55,9 @@ class _Recorder:
         fn = getattr(kernel, "fn", kernel)
         params = inspect.signature(fn).parameters
         self.names = list(params)
+        # parameters a launch may leave out (the rotary tables' pointers): their defaults
+        self.defaults = {n: p.default for n, p in params.items()
+                         if p.default is not inspect.Parameter.empty}
         self.constexpr = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
         self.module, self.name = fn.__module__, fn.__name__
 
@@ -64,14 +67,17 @@ class _Recorder:
         def run(*args, **kwargs):
             opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
                     if k in kwargs}
-            bound = dict(zip(self.names, args))
+            bound = dict(self.defaults)
+            bound.update(zip(self.names, args))
             bound.update(kwargs)
             sig, const = {}, {}
             for n in self.names:
                 if n in self.constexpr:
                     sig[n] = "constexpr"
-                    # The interpreter's fp8-cast workaround is off in compiled kernels.
-                    const[n] = False if n == "SOFT_FP8_CAST" else bound[n]
+                    # The interpreter's cast workarounds are off in compiled kernels.
+                    const[n] = False if n in ("SOFT_FP8_CAST", "SOFT_CAST") else bound[n]
+                elif bound[n] is None:  # a pointer left out: Triton makes it a constant
+                    sig[n], const[n] = "constexpr", None
                 else:
                     sig[n] = _arg_type(bound[n])
             self.sink.append(dict(module=self.module, name=self.name, signature=sig,
@@ -104,8 +110,13 @@ def _record(monkeypatch):
         st = launch._bthd_strides(q, "NHD")
         launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                               kv_perm16=True)
+        for dtype in (torch.float32, torch.bfloat16):  # with Wan's rotary tables fused in
+            tables = torch.randn(2, 600, D // 2, generator=g).to(dtype)
+            launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+                                  kv_perm16=True, rope=tables)
         monkeypatch.delitem(launch.TILE_OVERRIDES, D)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
+    assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2}
     unique = {json.dumps(r, sort_keys=True): r for r in sink}
     return list(unique.values())
 

@@ -30,7 +30,9 @@ backend it builds diffusers' mask and computes bitwise what diffusers' processor
 with eager element-wise ops (12.6 ms per layer at Wan2.2 720p on an H200, run s18-5) before
 handing them over; given fp8dit, it hands over the rotary tables instead, and fp8dit rotates
 the rows as its quantization loads them (``fp8dit.attention(rotary=...)``), in diffusers'
-arithmetic: the layer's output is the same bits. Every other call (other backends, context
+arithmetic: the quantized Q, K and V are the same bits, and so is the layer's output (on the
+GPU with fp32 tables, LSE's q . mean(K) term may differ in its last bits, and where split-KV
+pieces are merged by it, the output). Every other call (other backends, context
 parallelism, cross-attention, image conditioning) runs diffusers' processor itself.
 
 :data:`REPLACEMENTS` maps the replaced classes' names to a factory;
