@@ -447,3 +447,28 @@ def test_wan_replacement_is_guarded_by_diffusers_signature(monkeypatch):
     assert isinstance(dp.replacement_for(proc), dp.WanRotaryProcessor)
     monkeypatch.delattr(tw, "_get_qkv_projections")
     assert dp.replacement_for(proc) is None
+
+
+@pytest.mark.gpu
+def test_wan_rotary_processor_replays_in_a_cuda_graph():
+    # issue 5's graph line: the tables are made inside the captured region (no host read)
+    model, inputs = tiny_wan_model(torch.bfloat16)
+    fp8dit.enable(model)
+    try:
+        with fd.record_calls() as calls:
+            eager = forward(model, inputs)
+        assert [c.get("rotary") for c in calls] == ["fused", None] * 2, calls
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            forward(model, inputs)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward(model, inputs)
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    finally:
+        fd.disable(model)
