@@ -73,11 +73,21 @@ TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=
 
 @pytest.fixture(scope="module")
 def tiny_wan():
+    return build_tiny_wan()
+
+
+def build_tiny_wan(rope_dtype=None):
+    """diffusers' WanTransformer3DModel (TINY_WAN, bf16 weights) and one input; ``rope_dtype``:
+    its rotary tables cast to it (float32 as diffusers builds them; ``model.to(bfloat16)``
+    casts them to bf16, as most pipelines and the benchmarks do)."""
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     model = diffusers.WanTransformer3DModel(**TINY_WAN).to(DEVICE).eval().requires_grad_(False)
     for p in model.parameters():
         p.data = p.data.to(torch.bfloat16)
+    if rope_dtype is not None:
+        for name in ("freqs_cos", "freqs_sin"):
+            setattr(model.rope, name, getattr(model.rope, name).to(rope_dtype))
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     inputs = dict(
         hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),

@@ -14,7 +14,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 import diffusers.models.attention_processor as ap  # noqa: E402
-from conftest import explain_with_fp8dit, tiny_hunyuan_video_15  # noqa: E402
+from conftest import build_tiny_wan, explain_with_fp8dit, tiny_hunyuan_video_15  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit.capture import capture_qkv  # noqa: E402
@@ -376,30 +376,9 @@ def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
 WAN_LAYERS = [f"blocks.{i}.attn{j}" for i in range(2) for j in (1, 2)]
 
 
-def tiny_wan_model(rope_dtype):
-    """conftest's tiny Wan (2 layers of 2 heads x 16, bf16 weights), its rotary tables in
-    ``rope_dtype``: float32 as diffusers builds them, bfloat16 as ``model.to(bfloat16)`` casts
-    them (so in every benchmark and most pipelines)."""
-    from conftest import TINY_WAN
-
-    torch.manual_seed(0)
-    model = diffusers.WanTransformer3DModel(**TINY_WAN).to(DEVICE).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.data = p.data.to(torch.bfloat16)
-    for name in ("freqs_cos", "freqs_sin"):
-        setattr(model.rope, name, getattr(model.rope, name).to(rope_dtype))
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),
-        timestep=torch.tensor([700.0], device=DEVICE),
-        encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
-    )
-    return model, inputs
-
-
 @pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
 def test_wan_rotary_processor_gives_the_bits_of_diffusers_processor(rope_dtype):
-    model, inputs = tiny_wan_model(rope_dtype)
+    model, inputs = build_tiny_wan(rope_dtype)
     fd.register()
     model.set_attention_backend("native")
     native = forward(model, inputs)
@@ -431,7 +410,7 @@ def test_wan_rotary_processor_gives_the_bits_of_diffusers_processor(rope_dtype):
 
 
 def test_wan_rotary_processor_adds_no_graph_break():
-    model, inputs = tiny_wan_model(torch.bfloat16)
+    model, inputs = build_tiny_wan(torch.bfloat16)
     explanation = explain_with_fp8dit(model, inputs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     code = "".join(g.code for g in explanation.graphs)
@@ -452,7 +431,7 @@ def test_wan_replacement_is_guarded_by_diffusers_signature(monkeypatch):
 @pytest.mark.gpu
 def test_wan_rotary_processor_replays_in_a_cuda_graph():
     # issue 5's graph line: the tables are made inside the captured region (no host read)
-    model, inputs = tiny_wan_model(torch.bfloat16)
+    model, inputs = build_tiny_wan(torch.bfloat16)
     fp8dit.enable(model)
     try:
         with fd.record_calls() as calls:

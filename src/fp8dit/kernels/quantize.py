@@ -106,6 +106,22 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask,
 
 
 @triton.jit
+def _block_and_head(HEADS_FIRST: tl.constexpr):
+    """(block, head, number of heads) of this program: the grid is (blocks, heads, sequences),
+    or (heads, blocks, sequences) with ``HEADS_FIRST`` (with ``ROPE``: the programs running at
+    once then share the same rows of the rotary table in L2)."""
+    if HEADS_FIRST:
+        blk = tl.program_id(1)
+        h = tl.program_id(0)
+        n_heads = tl.num_programs(0)
+    else:
+        blk = tl.program_id(0)
+        h = tl.program_id(1)
+        n_heads = tl.num_programs(1)
+    return blk, h, n_heads
+
+
+@triton.jit
 def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
@@ -162,17 +178,10 @@ def kv_channel_stats_kernel(
     program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
     better, run s12-5).
 
-    ``ROPE`` (``_rope_pairs``): K is rotated as loaded; the grid is (kv head, chunk, sequence)
-    then, so the programs running at once share the chunk's rows of the rotary table in L2.
+    ``ROPE`` (``_rope_pairs``): K is rotated as loaded; heads first in the grid
+    (``_block_and_head``).
     """
-    if ROPE:
-        h = tl.program_id(0)
-        c = tl.program_id(1)
-        Hkv = tl.num_programs(0)
-    else:
-        c = tl.program_id(0)
-        h = tl.program_id(1)
-        Hkv = tl.num_programs(1)
+    c, h, Hkv = _block_and_head(ROPE != 0)
     b = tl.program_id(2)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
@@ -337,17 +346,10 @@ def quantize_kv_kernel(
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
-    it; the grid is (kv head, block, sequence) then (see ``kv_channel_stats_kernel``).
+    it; heads first in the grid (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    if ROPE:
-        h = tl.program_id(0)
-        blk = tl.program_id(1)
-        Hkv = tl.num_programs(0)
-    else:
-        blk = tl.program_id(0)
-        h = tl.program_id(1)
-        Hkv = tl.num_programs(1)
+    blk, h, Hkv = _block_and_head(ROPE != 0)
     b = tl.program_id(2)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
@@ -478,18 +480,11 @@ def quantize_q_kernel(
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
     tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
     ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
-    ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; the grid is (head, block, sequence)
-    then, so the programs running at once share the block's rows of the rotary table in L2.
+    ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; heads first in the grid
+    (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    if ROPE:
-        h = tl.program_id(0)
-        blk = tl.program_id(1)
-        H = tl.num_programs(0)
-    else:
-        blk = tl.program_id(0)
-        h = tl.program_id(1)
-        H = tl.num_programs(1)
+    blk, h, H = _block_and_head(ROPE != 0)
     b = tl.program_id(2)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
