@@ -49,6 +49,9 @@ def _check_output(text: str) -> None:
     assert "attention layers, fp8dit run" in text
     layers = re.findall(r"^\s+(blocks\.\d+\.attn\d)\s+(self|cross).*-> (\w+)", text, re.M)
     assert layers == [("blocks.0.attn1", "self", "fp8"), ("blocks.0.attn2", "cross", "fp8")], text
+    # the self-attention's rotary embedding fused into fp8dit's quantization (WanRotaryProcessor)
+    assert re.findall(r"^\s+(blocks\.\d+\.attn\d) .*\[rotary embedding (\w+)\]", text, re.M) \
+        == [("blocks.0.attn1", "fused")], text
     assert len(re.findall(r"^\s+(native|fp8dit)\s+step\s+\d+/2 \[", text, re.M)) == 4
     m = re.search(r"final latents, fp8dit vs native: cos ([\d.]+), PSNR ([\d.]+) dB", text)
     assert m, text

@@ -305,7 +305,8 @@ def _demo(args, device) -> int:
         kind = "self " if call["q"][1] == call["k"][1] else "cross"
         print(f"  {name:16s} {kind} q {'x'.join(map(str, call['q']))} keys {call['k'][1]:>6d}"
               f"  -> {call['backend']:4s}  {call['reason']}"
-              + (f" [{call['kernel']} kernel]" if call.get("kernel") else ""))
+              + (f" [{call['kernel']} kernel]" if call.get("kernel") else "")
+              + (f" [rotary embedding {call['rotary']}]" if call.get("rotary") else ""))
 
     print("\nper step (after one untimed warm-up forward each)")
     print("  step      native ms   fp8dit ms   latent rel-L2   velocity rel-L2")
