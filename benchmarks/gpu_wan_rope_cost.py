@@ -28,17 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_wan_forward import print_times  # noqa: E402
 
 import fp8dit  # noqa: E402
-
-
-def rotate_interleaved(x, freqs_cos, freqs_sin):
-    """Wan's rotary embedding as diffusers 0.42 computes it in ``WanAttnProcessor``: pairs
-    (2i, 2i + 1) of the head dim, fp32 products, written into a bf16 tensor."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
+from fp8dit.rope import apply_rotary  # noqa: E402  (diffusers 0.42 Wan arithmetic)
 
 
 def main(argv=None) -> int:
@@ -82,10 +72,10 @@ def main(argv=None) -> int:
     qn, kn = (t.unflatten(2, (40, -1)) for t in norms())
 
     def rope():
-        return rotate_interleaved(qn, cos, sin), rotate_interleaved(kn, cos, sin)
+        return apply_rotary(qn, cos, sin), apply_rotary(kn, cos, sin)
 
     def norm_rope(t, norm):
-        return rotate_interleaved(norm(t).unflatten(2, (40, -1)), cos, sin)
+        return apply_rotary(norm(t).unflatten(2, (40, -1)), cos, sin)
 
     fused_q = torch.compile(lambda t: norm_rope(t, attn.norm_q))
     fused_k = torch.compile(lambda t: norm_rope(t, attn.norm_k))
@@ -100,7 +90,7 @@ def main(argv=None) -> int:
     fused_attn = fused_attn.to(dev, torch.bfloat16).eval().requires_grad_(False)
     fused_attn.set_attention_backend("fp8dit")
     cos16, sin16 = cos.bfloat16(), sin.bfloat16()
-    qr16, kr16 = rotate_interleaved(qn, cos16, sin16), rotate_interleaved(kn, cos16, sin16)
+    qr16, kr16 = apply_rotary(qn, cos16, sin16), apply_rotary(kn, cos16, sin16)
     with torch.no_grad():
         for what, got, want in [
             ("fused rotation, fp32 tables", fp8dit.attention(qn, kn, vh, rotary=(cos, sin)),

@@ -216,9 +216,7 @@ def attention(
                                dispatch.effective_tokens([Sq] * B, [Sk] * B))
     rope = None
     if cos_sin is not None:
-        # fused into the quantization, except where the kernels do not rotate: SDPA, the
-        # per-tensor recipe (its tensor-wide amax pass reads q and k unrotated), fp16 tables
-        if name == "fp8" and rec.scales != "tensor" and fused_rotary(q, cos_sin):
+        if name == "fp8" and fused_rotary(q, cos_sin, rec):  # else SDPA or unfusable
             rope = rope_tables(*cos_sin)
         else:
             q, k = (apply_rotary(t, *cos_sin, layout) for t in (q, k))

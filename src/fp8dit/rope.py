@@ -54,11 +54,14 @@ def check_rotary(rotary, q: torch.Tensor, Sq: int, Sk: int, D: int):
     return tuple(out)
 
 
-def fused_rotary(q: torch.Tensor, cos_sin) -> bool:
-    """Whether the kernels can rotate like diffusers here: fp32 tables (rounded once to q's
-    dtype), or bf16 tables with bf16 q and k (each op rounded to bf16, done in the fp32 bits:
-    ``kernels.common.round_to_bf16_grid``); fp16 tables are rotated by :func:`apply_rotary`."""
-    return cos_sin[0].dtype == torch.float32 or q.dtype == torch.bfloat16
+def fused_rotary(q: torch.Tensor, cos_sin, recipe) -> bool:
+    """Whether the FP8 path's quantization rotates q and k itself for ``recipe``: not with
+    tensor-wide scales (their amax pass reads q and k unrotated), and only for fp32 tables
+    (rounded once to q's dtype) or bf16 tables with bf16 q and k (each op rounded to bf16, in
+    the fp32 bits: ``kernels.common.round_to_bf16_grid``). Otherwise :func:`apply_rotary`
+    rotates them first."""
+    return recipe.scales != "tensor" and (cos_sin[0].dtype == torch.float32
+                                          or q.dtype == torch.bfloat16)
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -70,8 +73,9 @@ def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  layout: str = "NHD") -> torch.Tensor:
     """``x`` (``[B, S, H, D]``, or ``[B, H, S, D]`` with ``layout="HND"``) rotated by ``[S, D]``
-    tables with diffusers' Wan arithmetic (see the module docstring)."""
-    S, D = cos.shape
+    tables (or diffusers' ``[1, S, 1, D]``) with diffusers' Wan arithmetic (module docstring)."""
+    D = cos.shape[-1]
+    S = cos.numel() // D
     shape = (1, S, 1, D) if layout == "NHD" else (1, 1, S, D)
     c = cos.reshape(shape)[..., 0::2]
     s = sin.reshape(shape)[..., 1::2]

@@ -52,6 +52,7 @@ from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..launch import kernel_for
+from ..rope import fused_rotary
 
 BACKEND_NAME = "fp8dit"
 TORCH_SDPA = "torch-sdpa"  # layer_backends' name for layers that bypass diffusers' dispatcher
@@ -164,8 +165,6 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse, rotary=None):
-    from ..rope import fused_rotary
-
     # rotary: only from rotary_attention (no mask, no dropout)
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     fallback = None
@@ -195,8 +194,8 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
                              kernel=kernel_for(query.shape[-1], key.shape[1], is_causal, rec,
                                                query.device) if rec else None,
                              **({} if rotary is None else dict(
-                                 rotary="fused" if rec and rec.scales != "tensor"
-                                 and fused_rotary(query, rotary) else "rotated first"))))
+                                 rotary="fused" if rec and fused_rotary(query, rotary, rec)
+                                 else "rotated first"))))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
                     return_lse=return_lse, recipe=_recipe, rotary=rotary)
     if return_lse:

@@ -76,8 +76,9 @@ def p_to_fp8(p, SOFT_FP8_CAST: tl.constexpr):
 def round_to_bf16_grid(x):
     """fp32 ``x`` rounded to the nearest bfloat16 value (ties to even), still in fp32: add half
     an ulp of bf16 in the fp32 bits, clear the low 16 bits; NaN is kept as is (the add could
-    carry a NaN payload into inf). Integer work, so no compiler folds it away (an fp32 -> bf16 ->
-    fp32 round trip of a product was not rounded on the H200, run s19-3)."""
+    carry a NaN payload into inf). Integer work, which no compiler pass contracts or folds:
+    the fused rotary's bf16 path written with casts (``.to(bf16).to(fp32)`` after each product)
+    differed from torch on the H200 (run s19-3), this one matches it bitwise (run s19-4)."""
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
     return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)

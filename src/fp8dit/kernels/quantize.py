@@ -60,7 +60,7 @@ N_STATS = 4
 
 
 # Rotary position embedding fused into the loads (``ROPE``): 0 none; 1 fp32 tables, rounded
-# once to the input's dtype; 2 tables in the input's dtype, every product and sum rounded to it.
+# once to the input's dtype; 2 bf16 tables and inputs, every product and sum rounded to bf16.
 ROPE_NONE = 0
 ROPE_FP32 = 1
 ROPE_ROUNDED = 2
