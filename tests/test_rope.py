@@ -1,7 +1,8 @@
-"""Rotary position embedding fused into the quantization: ``attention(..., rotary=(cos, sin))``.
+"""Rotary position embedding fused into the quantization: ``attention(..., rotary=...)``.
 
-The fused rotation must give bitwise what rotating q and k first (diffusers' Wan arithmetic,
-``fp8dit.rope.apply_rotary``) and then calling attention gives, on every path.
+The fused rotation must give bitwise what rotating q and k first (diffusers' arithmetic, Wan's
+or ``apply_rotary_emb``'s: ``fp8dit.rope.apply_rotary``) and then calling attention gives, on
+every path.
 """
 
 import pytest
@@ -113,7 +114,7 @@ def test_apply_rotary_is_diffusers_wan_rotation():
 
 
 @pytest.mark.parametrize("rotary,kind,words", [
-    ("cos", TypeError, "(cos, sin) pair of tensors, got str"),
+    ("cos", TypeError, "(cos, sin) pair of tensors or an fp8dit.Rotary, got str"),
     ("pair-of-three", TypeError, "(cos, sin) pair"),
     ("float64", TypeError, "rotary cos: expected float32 or q's dtype"),
     ("short", ValueError, "rotary sin: expected 32 rows of 64 channels"),
@@ -138,3 +139,103 @@ def test_rotary_needs_self_attention_and_even_head_dim():
     c = torch.zeros(32, 63)
     with pytest.raises(ValueError, match="even head dim.*got 63"):
         fp8dit.attention(q, q, q, rotary=(c, c))
+
+
+def _hv_tables(S, D, dtype, seed=2):
+    # diffusers builds repeat-interleaved tables; unequal pairs here make the test tell the
+    # four columns apart (which one each output reads)
+    g = torch.Generator().manual_seed(seed)
+    ang = torch.rand(S, D, generator=g) * 20.0
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+@pytest.mark.parametrize("start,rows", [(0, 150), (23, 177), (0, 200), (40, 100)])
+def test_apply_rotary_is_diffusers_apply_rotary_emb(start, rows):
+    pytest.importorskip("diffusers")
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    S, D = 200, 64
+    x = torch.randn(2, S, 3, D).to(torch.bfloat16)
+    for dt in (torch.float32, torch.bfloat16):
+        cos, sin = _hv_tables(rows, D, dt)
+        # HunyuanVideo's (video first) and CogVideoX's (text first) pattern, in general
+        want = x.clone()
+        want[:, start:start + rows] = apply_rotary_emb(x[:, start:start + rows], (cos, sin),
+                                                       sequence_dim=1)
+        got = apply_rotary(x, cos, sin, start=start, style="apply_rotary_emb")
+        _equal(got, want)
+        xh = x.transpose(1, 2).contiguous()  # [B, H, S, D], diffusers' sequence_dim=2
+        want = xh.clone()
+        want[:, :, start:start + rows] = apply_rotary_emb(xh[:, :, start:start + rows],
+                                                          (cos, sin))
+        _equal(apply_rotary(xh, cos, sin, "HND", start, "apply_rotary_emb"), want)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("S,H,Hkv,D,layout,start,rows", [
+    (200, 2, 2, 64, "NHD", 0, 150),    # HunyuanVideo: text after the video tokens
+    (150, 4, 2, 72, "HND", 26, 124),   # CogVideoX: text first; GQA, padded head dim
+    (130, 2, 2, 64, "NHD", 0, 130),    # every token
+])
+def test_fused_apply_rotary_emb_is_bitwise_rotate_then_attend(device, table_dtype, S, H, Hkv,
+                                                              D, layout, start, rows):
+    q, k, v = _qkv(2, S, H, D, device, layout, Hkv)
+    cos, sin = (t.to(device) for t in _hv_tables(rows, D, table_dtype))
+    rot = fp8dit.Rotary(cos, sin, start, "apply_rotary_emb")
+    qr, kr = (apply_rotary(t, cos, sin, layout, start, "apply_rotary_emb") for t in (q, k))
+    want = fp8dit.attention(qr, kr, v, layout=layout, backend="fp8", return_lse=True)
+    got = fp8dit.attention(q, k, v, layout=layout, backend="fp8", return_lse=True, rotary=rot)
+    _equal(got[0], want[0])
+    if torch.cuda.is_available():  # q . mean(K)'s order (as above)
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
+    else:
+        _equal(got[1], want[1])
+    # the style matters with these tables: Wan's arithmetic gives another result
+    wan = fp8dit.attention(q, k, v, layout=layout, backend="fp8",
+                           rotary=fp8dit.Rotary(cos, sin, start, "wan")
+                           if table_dtype == torch.float32 else None)
+    assert (wan.float() - got[0].float()).abs().max() > 0.05
+
+
+def test_apply_rotary_emb_style_on_paths_that_do_not_fuse(device):
+    S, D = 96, 64
+    q, k, v = _qkv(1, S, 2, D, device)
+    cos, sin = (t.to(device) for t in _hv_tables(80, D, torch.float16))
+    rot = fp8dit.Rotary(cos, sin, 16, "apply_rotary_emb")
+    qr, kr = (apply_rotary(t, cos, sin, start=16, style="apply_rotary_emb") for t in (q, k))
+    for kw in (dict(backend="sdpa"), dict(backend="fp8", recipe="per-tensor-fp8")):
+        _equal(fp8dit.attention(q, k, v, rotary=rot, **kw), fp8dit.attention(qr, kr, v, **kw))
+
+
+def test_partial_rotation_under_compile_matches_eager(device):
+    S, D = 130, 64
+    q, k, v = _qkv(1, S, 2, D, device)
+    cos, sin = (t.to(device) for t in _hv_tables(100, D, torch.float32))
+
+    def f(q, k, v, cos, sin):
+        return fp8dit.attention(q, k, v, backend="fp8",
+                                rotary=fp8dit.Rotary(cos, sin, 30, "apply_rotary_emb"))
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    _equal(compiled(q, k, v, cos, sin), f(q, k, v, cos, sin))
+
+
+@pytest.mark.parametrize("rotary,kind,words", [
+    ("style", ValueError, "rotary style: expected one of wan, apply_rotary_emb, got 'hv'"),
+    ("start", ValueError, r"rotary start: expected an int in \[0, 32\).*got 32"),
+    ("bool-start", ValueError, "rotary start: .*got True"),
+    ("too-many-rows", ValueError, "rotary cos: expected 1 to 22 rows of 64 channels .* from "
+                                  "token 10 of 32, got shape 32x64"),
+    ("not-tensors", TypeError, "expected cos and sin tensors, got list and Tensor"),
+    ("float64", TypeError, "rotary sin: expected float32, float16 or bfloat16, got "
+                           "torch.float64"),
+])
+def test_bad_rotary_descriptions_are_named(rotary, kind, words):
+    q = torch.zeros(1, 32, 2, 64, dtype=torch.bfloat16)
+    c = torch.zeros(32, 64)
+    R = fp8dit.Rotary
+    arg = {"style": R(c, c, 0, "hv"), "start": R(c, c, 32), "bool-start": R(c, c, True),
+           "too-many-rows": R(c, c, 10, "apply_rotary_emb"), "not-tensors": R([1], c),
+           "float64": R(c, c.double(), 0, "apply_rotary_emb")}[rotary]
+    with pytest.raises(kind, match=words):
+        fp8dit.attention(q, q, q, rotary=arg)

@@ -114,9 +114,14 @@ def _record(monkeypatch):
             tables = torch.randn(2, 600, D // 2, generator=g).to(dtype)
             launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                                   kv_perm16=True, rope=tables)
+        # diffusers' apply_rotary_emb on the tokens after a text prefix (CogVideoX)
+        tables = torch.randn(4, 500, D // 2, generator=g)
+        launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+                              kv_perm16=True, rope=tables, rope_start=100)
         monkeypatch.delitem(launch.TILE_OVERRIDES, D)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
-    assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2}
+    assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2, 3}
+    assert any(r["constexprs"].get("ROPE_RANGE") for r in sink)
     unique = {json.dumps(r, sort_keys=True): r for r in sink}
     return list(unique.values())
 
@@ -159,9 +164,13 @@ def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp
 @pytest.mark.parametrize("args", [["kv"], ["kv", "--dp", "64", "--rows", "64"], ["q"],
                                   ["stats"], ["stats", "--dp", "64", "--sub", "8"],
                                   ["kv", "--rope", "2"], ["q", "--rope", "2"],
-                                  ["stats", "--rope", "2"], ["stats", "--rope", "1"]],
+                                  ["stats", "--rope", "2"], ["stats", "--rope", "1"],
+                                  ["kv", "--rope", "3", "--rope-range"],
+                                  ["q", "--rope", "3", "--rope-range"],
+                                  ["stats", "--rope", "3", "--rope-range"]],
                          ids=["kv-d128", "kv-d64", "q", "stats-d128", "stats-d64",
-                              "kv-d128-rope", "q-rope", "stats-d128-rope", "stats-rope-fp32"])
+                              "kv-d128-rope", "q-rope", "stats-d128-rope", "stats-rope-fp32",
+                              "kv-rope-four", "q-rope-four", "stats-rope-four"])
 def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
     """The quantization kernels as the H200 runs them (the launch's specializations included):
     global stores vectorized and no spills. V^T's store went byte-wise once when its base's

@@ -4,6 +4,7 @@ from . import ops as _ops  # noqa: F401  (registers the torch.library custom ops
 from .api import attention, attention_varlen, select_backend
 from .dispatch import BackendUnavailableError
 from .recipes import DEFAULT_RECIPE, RECIPES
+from .rope import Rotary
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "BackendUnavailableError",
     "DEFAULT_RECIPE",
     "RECIPES",
+    "Rotary",
     "attention",
     "enable",
     "attention_varlen",

@@ -14,7 +14,7 @@ import torch
 from . import dispatch, env
 from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import RECIPES, Recipe, get_recipe
-from .rope import apply_rotary, check_rotary, fused_rotary, rope_tables
+from .rope import apply_rope, check_rotary, fused_rotary, rope_tables
 from .sdpa import sdpa_attention, sdpa_attention_varlen
 
 LAYOUTS = ("NHD", "HND")
@@ -185,12 +185,15 @@ def attention(
         ``"int8qk-fp8pv"``.
     num_splits : int, optional
         Force every work item into this many kv pieces (testing the split-KV merge).
-    rotary : (cos, sin), optional
-        Rotary position embedding to apply to q and k first, as diffusers' Wan processor
-        applies it (channels 2i, 2i+1 turn by ``cos[..., 2i]``, ``sin[..., 2i+1]``; same
-        arithmetic and roundings, :mod:`fp8dit.rope`): two ``[S, D]`` tables (or diffusers'
-        ``[1, S, 1, D]``), float32 or q's dtype; self-attention only (``Sq == Sk``). The FP8
-        path rotates rows as it quantizes them, without writing rotated copies.
+    rotary : (cos, sin) or fp8dit.Rotary, optional
+        Rotary position embedding to apply to q and k first, in diffusers' arithmetic and
+        roundings (:mod:`fp8dit.rope`): a ``(cos, sin)`` pair of ``[S, D]`` tables (or
+        diffusers' ``[1, S, 1, D]``) turns every token as diffusers' Wan processor does
+        (channels 2i, 2i+1 by ``cos[..., 2i]``, ``sin[..., 2i+1]``); ``fp8dit.Rotary(cos, sin,
+        start, style="apply_rotary_emb")`` as diffusers' ``apply_rotary_emb`` does
+        (HunyuanVideo, CogVideoX), tokens ``start .. start + rows`` only. Self-attention only
+        (``Sq == Sk``). The FP8 path rotates rows as it quantizes them, without writing
+        rotated copies.
 
     Returns
     -------
@@ -207,28 +210,28 @@ def attention(
     _check_bool("return_lse", return_lse)
     _check_num_splits(num_splits)
     rec = check_recipe(recipe)
-    cos_sin = check_rotary(rotary, q, Sq, Sk, D)
+    rot = check_rotary(rotary, q, Sq, Sk, D)
     if B == 0 or Sq == 0 or Sk == 0:
         out = torch.zeros_like(q)
         lse = torch.full((B, H, Sq), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
     name, _ = dispatch.resolve(backend, q, k, v, is_causal,
                                dispatch.effective_tokens([Sq] * B, [Sk] * B))
-    rope = None
-    if cos_sin is not None:
-        if name == "fp8" and fused_rotary(q, cos_sin, rec):  # else SDPA or unfusable
-            rope = rope_tables(*cos_sin)
+    rope, start = None, 0
+    if rot is not None:
+        if name == "fp8" and fused_rotary(q, rot, rec):  # else SDPA or unfusable
+            rope, start = rope_tables(rot), rot.start
         else:
-            q, k = (apply_rotary(t, *cos_sin, layout) for t in (q, k))
+            q, k = (apply_rope(t, rope_tables(rot), rot.start, layout) for t in (q, k))
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_fp8(
-                q, k, v, layout, scale, is_causal, rec.name, num_splits or 0, rope
+                q, k, v, layout, scale, is_causal, rec.name, num_splits or 0, rope, start
             )
         else:
             out, lse = fp8_attention_fwd(
                 q, k, v, layout=layout, scale=scale, is_causal=is_causal, recipe=rec,
-                num_splits=num_splits, rope=rope,
+                num_splits=num_splits, rope=rope, rope_start=start,
             )
     else:
         out, lse = sdpa_attention(

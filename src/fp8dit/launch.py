@@ -20,6 +20,7 @@ from . import env
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import (
     N_STATS,
+    ROPE_FOUR,
     ROPE_FP32,
     ROPE_NONE,
     ROPE_ROUNDED,
@@ -328,11 +329,12 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
 
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    q, q_strides, k, k_strides, v, v_strides, kv_perm16: bool = False,
-                   tabs: dict | None = None, rope: torch.Tensor | None = None) -> Workspace:
+                   tabs: dict | None = None, rope: torch.Tensor | None = None,
+                   rope_start: int = 0) -> Workspace:
     """Fused quantization of Q, K, V (three launches) into a plan-sized workspace. ``tabs``:
     the plan's device tables, or a call's copy (``device_k_lens``). ``rope``: rotary tables
-    ``[2, S, D / 2]`` (:func:`fp8dit.rope.rope_tables`) that Q and K are rotated by as they
-    are loaded."""
+    (:func:`fp8dit.rope.rope_tables`) that Q and K are rotated by as they are loaded, from
+    token ``rope_start`` on."""
     key = plan.key
     dev = q.device
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
@@ -358,10 +360,14 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    and not recipe.rotate and not tensor_scales)
     n_prog = qbn // kv_rows if kamax_stats else 1
     rope_mode, rope_args = ROPE_NONE, {}
-    if rope is not None:  # fp32 tables, or bf16 tables with bf16 inputs (fp8dit.rope)
-        rope_mode = ROPE_FP32 if rope.dtype == torch.float32 else ROPE_ROUNDED
-        rope_args = dict(cos_ptr=rope[0], sin_ptr=rope[1], HALF_D=rope.shape[2],
-                         ROPE=rope_mode)
+    if rope is not None:  # fp8dit.rope.rope_tables: [2 or 4, rows, D / 2]
+        four = rope.shape[0] == 4
+        rope_mode = (ROPE_FOUR if four else ROPE_FP32 if rope.dtype == torch.float32
+                     else ROPE_ROUNDED)
+        rope_args = dict(cos_ptr=rope[0], sin_ptr=rope[1], cos2_ptr=rope[2] if four else None,
+                         sin2_ptr=rope[3] if four else None, rope_lo=rope_start,
+                         rope_n=rope.shape[1], HALF_D=rope.shape[2], ROPE=rope_mode,
+                         ROPE_RANGE=rope_start > 0 or rope.shape[1] < max(key.q_lens))
 
     def grid(blocks, heads):  # with rope, heads first: they share the table's rows in L2
         return (heads, blocks, B) if rope_mode else (blocks, heads, B)
@@ -579,7 +585,7 @@ def launch_fp8_attention(
     plan: Plan, cfg: dict, recipe: Recipe, scale: float,
     q, q_strides, k, k_strides, v, v_strides,
     out, out_strides, lse, lse_strides, device_k_lens: torch.Tensor | None = None,
-    rope: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None, rope_start: int = 0,
 ) -> None:
     """Run the FP8 path into ``out``/``lse``. Strides are (batch, token, head, dim).
 
@@ -588,7 +594,8 @@ def launch_fp8_attention(
     host, so a CUDA graph can replay the call with other lengths. Keys between a sequence's
     length and the plan's are quantized as zeros with a unit scale and masked by the kernels
     (a kv block or split piece with no key left gives an empty partial, as causal ones can).
-    ``rope``: rotary tables Q and K are rotated by as they are quantized (:mod:`fp8dit.rope`)."""
+    ``rope``: rotary tables Q and K are rotated by as they are quantized, from token
+    ``rope_start`` on (:mod:`fp8dit.rope`)."""
     tabs = None
     if device_k_lens is not None:
         tabs = dict(plan.tables(q.device))
@@ -599,7 +606,8 @@ def launch_fp8_attention(
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         sm90 = use_gluon_sm90(plan, recipe, q.device, cfg.get("kernel"))
         ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
-                            kv_perm16=sm90 is not None, tabs=tabs, rope=rope)
+                            kv_perm16=sm90 is not None, tabs=tabs, rope=rope,
+                            rope_start=rope_start)
         attention_stage(plan, cfg, ws, out, out_strides, lse, lse_strides, sm90=sm90,
                         tabs=tabs)
 
@@ -616,7 +624,7 @@ def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def fp8_attention_fwd(
     q, k, v, *, layout: str, scale: float, is_causal: bool, recipe: Recipe,
     num_splits: int | None = None, k_lens=None, device_k_lens: torch.Tensor | None = None,
-    rope: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None, rope_start: int = 0,
 ):
     """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32).
 
@@ -625,8 +633,9 @@ def fp8_attention_fwd(
     lengths, so the kernels never read the keys past them; a sequence with none gets zeros and
     lse -inf. ``device_k_lens``: the same as an int32 [B] device tensor, each in [1, Sk], that
     the host never reads (CUDA-graph capture): the plan is the one for all ``Sk`` keys, built
-    beforehand (:func:`launch_fp8_attention`). ``rope``: ``[2, Sq, D / 2]`` rotary tables
-    (:func:`fp8dit.rope.rope_tables`, Sq == Sk) that Q and K are rotated by first."""
+    beforehand (:func:`launch_fp8_attention`). ``rope``: rotary tables
+    (:func:`fp8dit.rope.rope_tables`, Sq == Sk) that Q and K are rotated by first, from token
+    ``rope_start`` on."""
     if layout == "NHD":
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -655,7 +664,7 @@ def fp8_attention_fwd(
         plan, cfg, recipe, scale,
         q, _bthd_strides(q, layout), k, _bthd_strides(k, layout), v, _bthd_strides(v, layout),
         out, _bthd_strides(out, layout), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
-        device_k_lens=device_k_lens, rope=rope,
+        device_k_lens=device_k_lens, rope=rope, rope_start=rope_start,
     )
     return out, lse
 

@@ -18,16 +18,17 @@ from .recipes import get_recipe
 def attention_fp8(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     layout: str, scale: float, is_causal: bool, recipe: str, num_splits: int,
-    rope: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None, rope_start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return fp8_attention_fwd(
         q, k, v, layout=layout, scale=scale, is_causal=is_causal, recipe=get_recipe(recipe),
-        num_splits=num_splits or None, rope=rope,
+        num_splits=num_splits or None, rope=rope, rope_start=rope_start,
     )
 
 
 @attention_fp8.register_fake
-def _attention_fp8_fake(q, k, v, layout, scale, is_causal, recipe, num_splits, rope=None):
+def _attention_fp8_fake(q, k, v, layout, scale, is_causal, recipe, num_splits, rope=None,
+                        rope_start=0):
     if layout == "NHD":
         B, Sq, H, _ = q.shape
     else:

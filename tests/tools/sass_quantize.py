@@ -4,7 +4,9 @@
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py q [--rows 32]
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4] [--prefetch 1]
 
-``--rope 1`` / ``--rope 2``: with the rotary embedding fused in (fp32 / bf16 tables).
+``--rope 1`` / ``--rope 2``: with Wan's rotary embedding fused in (fp32 / bf16 tables);
+``--rope 3``: diffusers' ``apply_rotary_emb`` (four fp32 columns); ``--rope-range``: tokens
+outside the tables' rows left as they are (HunyuanVideo's and CogVideoX's text).
 
 Compiles one kernel with the constexprs of the warp-specialized path at Wan 720p and the
 specializations a launch gets (pointers and the named integers divisible by 16, unit strides
@@ -56,30 +58,33 @@ def main() -> int:
     ap.add_argument("--dp", type=int, default=128)
     ap.add_argument("--sub", type=int, default=4)
     ap.add_argument("--prefetch", type=int, default=1)
-    ap.add_argument("--rope", type=int, default=0, choices=(0, 1, 2))
+    ap.add_argument("--rope", type=int, default=0, choices=(0, 1, 2, 3))
+    ap.add_argument("--rope-range", action="store_true")
     ap.add_argument("--dump", default="")
     a = ap.parse_args()
     bf16_in = dict(k_ptr="*bf16", v_ptr="*bf16", q_ptr="*bf16", seq_ptr="*i32",
                    k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", rot_ptr="*i32",
                    k8lo_ptr="*i8", q8lo_ptr="*i8", sm_scale="fp32", sm_scale_log2="fp32",
-                   cos_ptr="*fp32" if a.rope == 1 else "*bf16",
-                   sin_ptr="*fp32" if a.rope == 1 else "*bf16")
+                   **{n: "*bf16" if a.rope == 2 else "*fp32"
+                      for n in ("cos_ptr", "sin_ptr", "cos2_ptr", "sin2_ptr")})
+    rope = dict(ROPE=a.rope, HALF_D=a.dp // 2, ROPE_RANGE=a.rope_range,
+                **({} if a.rope == 3 else dict(cos2_ptr=None, sin2_ptr=None)))
     if a.kernel == "kv":
         const = dict(DP=a.dp, BLOCK_N=a.rows, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, PV_BF16=False, ROTATE=False, KV_PERM16=True,
                      TWO_TERM=False, SUBBLOCKS=256 // a.rows, KAMAX_FROM_STATS=a.rows < 256,
-                     k_sd=1, v_sd=1, ROPE=a.rope, HALF_D=a.dp // 2)
+                     k_sd=1, v_sd=1, **rope)
         args = (Q.quantize_kv_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D", "Tk_pad"))
     elif a.kernel == "q":
         const = dict(DP=a.dp, BLOCK_M=a.rows, SMOOTH_K=True, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, ROTATE=False, TWO_TERM=False,
-                     SUBBLOCKS=max(1, 64 // a.rows), q_sd=1, ROPE=a.rope, HALF_D=a.dp // 2)
+                     SUBBLOCKS=max(1, 64 // a.rows), q_sd=1, **rope)
         args = (Q.quantize_q_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
                 ("q_sb", "q_st", "q_sh", "D", "Tq_pad"))
     else:
         const = dict(DP=a.dp, CHUNK=512, SUB=a.sub, KBLK=256, PREFETCH=a.prefetch,
-                     k_sd=1, v_sd=1, ROPE=a.rope, HALF_D=a.dp // 2, SOFT_CAST=False)
+                     k_sd=1, v_sd=1, SOFT_CAST=False, **rope)
         args = (Q.kv_channel_stats_kernel, bf16_in, const, 4,
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D"))
     sass, rep = compile_sm90(*args)

@@ -59,50 +59,72 @@ AMAX_FLOOR = tl.constexpr(1e-8)
 N_STATS = 4
 
 
-# Rotary position embedding fused into the loads (``ROPE``): 0 none; 1 fp32 tables, rounded
-# once to the input's dtype; 2 bf16 tables and inputs, every product and sum rounded to bf16.
+# Rotary position embedding fused into the loads (``ROPE``): 0 none; 1 Wan's with fp32 tables,
+# rounded once to the input's dtype; 2 Wan's with bf16 tables and inputs, every product and sum
+# rounded to bf16; 3 diffusers' apply_rotary_emb (four table columns, fp32 math, one rounding).
 ROPE_NONE = 0
 ROPE_FP32 = 1
 ROPE_ROUNDED = 2
+ROPE_FOUR = 3
 
 
 @triton.jit
-def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask,
+def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask,
+                rope_lo, rope_n,
                 DP: tl.constexpr, ROWS: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
-                SOFT_CAST: tl.constexpr):
+                ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
     """Rows ``row0 + loc`` of one head (``x``: fp32 [ROWS, DP], zeros where masked) rotated
-    pairwise the way diffusers' Wan processor rotates q and k before attention, in the same
-    arithmetic and with the same roundings, so the quantization sees bitwise the tensor that
-    processor would have written (and no rotated copy is written or read back).
+    pairwise the way diffusers rotates q and k before attention (``fp8dit.rope``), in the same
+    arithmetic and with the same roundings, so the quantization sees bitwise the tensor
+    diffusers would have passed (and no rotated copy is written or read back).
 
-    Channels (2i, 2i+1) turn by cos[2i] and sin[2i+1] of the token's row: ``cos_ptr`` and
-    ``sin_ptr`` hold ``HALF_D`` values per token (cos[..., 0::2], sin[..., 1::2]); a constant
-    row length lets the loads go 16 bytes at a time (a runtime one made them 2-byte loads,
-    sm_90 SASS of triton 3.9). ``ROPE_FP32``: fp32 products and sums rounded once to x's dtype
-    (torch's type promotion with fp32 tables), each product rounded on its own (``mul_rn``) as
-    torch rounds it. ``ROPE_ROUNDED``: bf16 tables and inputs, each product and sum rounded to
-    bf16 (torch's element-wise ops on bf16 tensors: a model cast to bf16 casts its rotary
+    Output 2i is ``x[2i] * cos_ptr - x[2i+1] * sin2_ptr``, output 2i+1 is
+    ``x[2i] * sin_ptr + x[2i+1] * cos2_ptr``, each table holding ``HALF_D`` values per token
+    (``rope.rope_tables``; Wan's has two columns: ``cos2_ptr`` is ``cos_ptr`` and ``sin2_ptr``
+    is ``sin_ptr``). A constant row length lets the loads go 16 bytes at a time (a runtime one
+    made them 2-byte loads, sm_90 SASS of triton 3.9). ``ROPE_FP32`` / ``ROPE_FOUR``: fp32
+    products and sums rounded once to x's dtype, each product rounded on its own (``mul_rn``)
+    as torch rounds it. ``ROPE_ROUNDED``: bf16 tables and inputs, each product and sum rounded
+    to bf16 (torch's element-wise ops on bf16 tensors: a model cast to bf16 casts its rotary
     buffers too), in the fp32 bits (``round_to_bf16_grid``).
+
+    ``ROPE_RANGE``: only tokens ``rope_lo .. rope_lo + rope_n`` turn (table row = token -
+    ``rope_lo``); the others keep their values.
 
     Q's LSE correction (q . mean K) may differ from the unfused path's in its last bits: the
     rotated tile's register layout changes the order of that sum (run s19-3).
     """
     HALF: tl.constexpr = DP // 2
     i = tl.arange(0, HALF)
-    m = rmask[:, None] & (i < HALF_D)[None, :]
-    at = (row0 + loc)[:, None] * HALF_D + i[None, :]
+    tok = row0 + loc
+    if ROPE_RANGE:
+        inr = (tok >= rope_lo) & (tok < rope_lo + rope_n)
+        m = (rmask & inr)[:, None] & (i < HALF_D)[None, :]
+        at = (tok - rope_lo)[:, None] * HALF_D + i[None, :]
+    else:
+        m = rmask[:, None] & (i < HALF_D)[None, :]
+        at = tok[:, None] * HALF_D + i[None, :]
     c = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
+    if ROPE == 3:  # ROPE_FOUR
+        c2 = tl.load(cos2_ptr + at, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(sin2_ptr + at, mask=m, other=0.0).to(tl.float32)
+    else:
+        c2 = c
+        s2 = s
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
     if ROPE == 2:  # ROPE_ROUNDED (a product of two bf16 values is exact in fp32)
         oe = round_to_bf16_grid(round_to_bf16_grid(xe * c) - round_to_bf16_grid(xo * s))
         oo = round_to_bf16_grid(round_to_bf16_grid(xe * s) + round_to_bf16_grid(xo * c))
     else:
-        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s, SOFT_CAST), x_ptr,
+        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s2, SOFT_CAST), x_ptr,
                             SOFT_CAST).to(tl.float32)
-        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c, SOFT_CAST), x_ptr,
+        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c2, SOFT_CAST), x_ptr,
                             SOFT_CAST).to(tl.float32)
-    return tl.reshape(tl.join(oe, oo), [ROWS, DP])
+    out = tl.reshape(tl.join(oe, oo), [ROWS, DP])
+    if ROPE_RANGE:
+        out = tl.where(inr[:, None], out, x)
+    return out
 
 
 @triton.jit
@@ -160,7 +182,8 @@ def kv_channel_stats_kernel(
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
     PREFETCH: tl.constexpr = False,
-    cos_ptr=None, sin_ptr=None, HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0,
+    cos_ptr=None, sin_ptr=None, cos2_ptr=None, sin2_ptr=None, rope_lo=0, rope_n=0,
+    HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     SOFT_CAST: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
@@ -221,8 +244,9 @@ def kv_channel_stats_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
                 if ROPE:
-                    k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i, loc,
-                                    t0 + i + loc < k_len, DP, SUB, HALF_D, ROPE, SOFT_CAST)
+                    k = _rope_pairs(k, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, k_ptr, t0 + i,
+                                    loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
+                                    HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
                 ksum += finite_or(k, 0.0)
                 vsum += finite_or(v, 0.0)
                 vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
@@ -326,7 +350,8 @@ def quantize_kv_kernel(
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
-    cos_ptr=None, sin_ptr=None, HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0,
+    cos_ptr=None, sin_ptr=None, cos2_ptr=None, sin2_ptr=None, rope_lo=0, rope_n=0,
+    HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -382,8 +407,9 @@ def quantize_kv_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROPE:
-            k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N, loc, rmask, DP,
-                            BLOCK_N, HALF_D, ROPE, SOFT_FP8_CAST)
+            k = _rope_pairs(k, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, k_ptr, blk * BLOCK_N,
+                            loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
+                            SOFT_FP8_CAST)
         if KV_PERM16:
             # V's rows are read in the order the attention kernel's P registers want them
             # (row i of the tile is token vloc[i]), so V^T is stored straight along tokens:
@@ -469,7 +495,8 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    cos_ptr=None, sin_ptr=None, HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0,
+    cos_ptr=None, sin_ptr=None, cos2_ptr=None, sin2_ptr=None, rope_lo=0, rope_n=0,
+    HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
 
@@ -505,8 +532,9 @@ def quantize_q_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROPE:
-            q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M, loc, rmask, DP,
-                            BLOCK_M, HALF_D, ROPE, SOFT_FP8_CAST)
+            q = _rope_pairs(q, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, q_ptr, blk * BLOCK_M,
+                            loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE, ROPE_RANGE,
+                            SOFT_FP8_CAST)
         if ROTATE:
             qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
         else:
