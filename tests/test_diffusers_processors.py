@@ -451,3 +451,101 @@ def test_wan_rotary_processor_replays_in_a_cuda_graph():
         assert torch.equal(out, eager)
     finally:
         fd.disable(model)
+
+
+def tiny_hunyuan_video():
+    """diffusers' HunyuanVideoTransformer3DModel (1.0), one dual- and one single-stream block of
+    2 heads x 64, bf16, and one input: 2 x 8 x 8 latent (patch 1) -> 128 video tokens, then 12
+    prompt tokens of which 9 are real (the key mask drops the rest)."""
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64,
+        num_layers=1, num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=1,
+        text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(16, 24, 24),
+    ).to(DEVICE).eval().requires_grad_(False).to(torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    text_mask = torch.ones(1, 12, dtype=torch.int64, device=DEVICE)
+    text_mask[:, 9:] = 0
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=DEVICE).bfloat16()
+
+    inputs = dict(hidden_states=randn(1, 4, 2, 8, 8),
+                  timestep=torch.tensor([700.0], device=DEVICE).bfloat16(),
+                  encoder_hidden_states=randn(1, 12, 32), encoder_attention_mask=text_mask,
+                  pooled_projections=randn(1, 16),
+                  guidance=torch.tensor([6000.0], device=DEVICE).bfloat16())
+    return model, inputs
+
+
+HV_LAYERS = ["transformer_blocks.0.attn", "single_transformer_blocks.0.attn"]
+
+
+def _enabled_forward(model, inputs):
+    fp8dit.enable(model)
+    try:
+        with fd.record_calls() as calls:
+            return forward(model, inputs), calls
+    finally:
+        fd.disable(model)
+
+
+@pytest.mark.parametrize("model_name", ["hunyuan_video", "hunyuan_video_15", "cogvideox"])
+def test_fused_apply_rotary_emb_gives_the_bits_of_rotating_first(monkeypatch, model_name):
+    # HunyuanVideo 1.0 / 1.5 and CogVideoX through fp8dit.enable: the video tokens' rotation
+    # fused into fp8dit's quantization gives bitwise what the same processors give when they
+    # rotate q and k themselves first (diffusers' apply_rotary_emb) and hand them to fp8dit.
+    build = dict(hunyuan_video=tiny_hunyuan_video, hunyuan_video_15=tiny_hunyuan_video_15,
+                 cogvideox=tiny_cogvideox)[model_name]
+    model, inputs = build()
+    model.set_attention_backend("native")
+    native = forward(model, inputs)
+    fused, calls = _enabled_forward(model, inputs)
+    monkeypatch.setattr(dp, "_takes_tables", lambda processor: False)
+    rotated, rotated_calls = _enabled_forward(model, inputs)
+    assert torch.equal(fused, rotated)
+    rot = [c.get("rotary") for c in calls if c.get("rotary")]
+    assert rot and set(rot) == {"fused"}, calls
+    assert not [c for c in rotated_calls if c.get("rotary")]
+    assert [(c["backend"], c["q"], c.get("mask")) for c in calls] == \
+        [(c["backend"], c["q"], c.get("mask")) for c in rotated_calls]
+    stats = error_stats(fused, native)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)
+
+
+def test_hunyuan_video_rotary_processor_masks_keys_and_restores():
+    model, inputs = tiny_hunyuan_video()
+    model.set_attention_backend("native")
+    native = forward(model, inputs)
+    out, calls = _enabled_forward(model, inputs)
+    attn_calls = [c for c in calls if c.get("rotary")]
+    # both blocks: 128 video + 12 text tokens, the key mask keeping 137
+    assert [(c["backend"], c["q"], c["mask"]) for c in attn_calls] == \
+        [("fp8", (1, 140, 2, 64), (1, 1, 1, 140))] * 2, calls
+    assert {type(model.get_submodule(n).processor).__name__ for n in HV_LAYERS} == \
+        {"HunyuanVideoAttnProcessor2_0"}
+    # a policy's bf16 layer runs diffusers' own processor: its bits
+    fp8dit.enable(model, policy=QualityPolicy(bf16_layers=HV_LAYERS))
+    try:
+        assert {type(model.get_submodule(n).processor).__name__ for n in HV_LAYERS} == \
+            {"HunyuanVideoRotaryProcessor"}
+        assert torch.equal(forward(model, inputs), native)
+    finally:
+        fd.disable(model)
+    stats = error_stats(out, native)
+    assert not stats.nan and stats.cos >= 0.99, str(stats)
+
+
+def test_hunyuan_video_rotary_processor_adds_no_graph_break():
+    model, inputs = tiny_hunyuan_video()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            native = torch._dynamo.explain(model)(**inputs, return_dict=False)
+    finally:
+        torch._dynamo.reset()
+    explanation = explain_with_fp8dit(model, inputs)
+    assert explanation.graph_break_count == native.graph_break_count, \
+        explanation.break_reasons
+    code = "".join(g.code for g in explanation.graphs)
+    assert code.count("fp8dit.attention_fp8_key_padding") >= 2

@@ -46,6 +46,7 @@ from .kernels.mask_stats import (
 )
 from .launch import fp8_attention_fwd, plan_for
 from .recipes import Recipe
+from .rope import apply_rope
 from .sdpa import sdpa_attention
 
 # Masks whose lengths were read: id(mask) -> (weak reference, version, result). Bounded: a
@@ -248,8 +249,12 @@ def device_key_lengths(mask: torch.Tensor, batch: int, sk: int):
 
 
 def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return_lse: bool,
-                          num_splits: int | None = None):
+                          num_splits: int | None = None, rope: torch.Tensor | None = None,
+                          rope_start: int = 0):
     """Attention of NHD ``q, k, v`` under a boolean mask that keeps some keys.
+
+    ``rope``, ``rope_start``: rotary tables (:func:`fp8dit.rope.rope_tables`) q and k are
+    turned by first, fused into the FP8 path's quantization (the SDPA one rotates them first).
 
     Returns ``(out, lse, reason)``: FP8 over each sequence's kept prefix of keys (``reason``
     None), or SDPA with the mask when it is no key padding (``reason`` says why). ``lse``
@@ -262,7 +267,8 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         dev_lens, bad = device_key_lengths(mask, B, Sk)
         out, lse = fp8_attention_fwd(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                      recipe=recipe, num_splits=num_splits,
-                                     device_k_lens=dev_lens.clamp_(min=1))
+                                     device_k_lens=dev_lens.clamp_(min=1), rope=rope,
+                                     rope_start=rope_start)
         out.masked_fill_(bad.view(B, 1, 1, 1), float("nan"))
         lse.masked_fill_(bad.view(B, 1, 1), float("nan"))
         return out, (lse if return_lse else None), None
@@ -271,6 +277,8 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         _log_once(f"fp8dit: torch SDPA instead of FP8 for a masked call: {reason}")
         if mask.dim() == 2 and tuple(mask.shape) == (B, Sk):  # diffusers' [B, Sk] convention
             mask = mask[:, None, None, :]
+        if rope is not None:
+            q, k = (apply_rope(t, rope, rope_start) for t in (q, k))
         out, lse = sdpa_attention(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                   return_lse=return_lse, attn_mask=mask)
         return out, lse, reason
@@ -278,7 +286,8 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         _prepare_capture(q, k, Sk, recipe, num_splits)
     out, lse = fp8_attention_fwd(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                  recipe=recipe, num_splits=num_splits,
-                                 k_lens=None if min(lens) == Sk else lens)
+                                 k_lens=None if min(lens) == Sk else lens, rope=rope,
+                                 rope_start=rope_start)
     if dropped is not None:  # query rows that keep no key: fp8dit's empty-row result
         dropped = dropped.expand(B, q.shape[1])
         out.masked_fill_(dropped[:, :, None, None], 0.0)

@@ -62,12 +62,14 @@ def _attention_varlen_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, is_ca
 @torch.library.custom_op("fp8dit::attention_fp8_key_padding", mutates_args=())
 def attention_fp8_key_padding(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
-    scale: float, recipe: str, return_lse: bool,
+    scale: float, recipe: str, return_lse: bool, rope: torch.Tensor | None = None,
+    rope_start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # NHD inputs. The mask's key lengths are read on the host here (fp8dit.key_padding), or the
     # call runs SDPA with the mask; lse is unfilled when not asked for.
     out, lse, _ = key_padding_attention(q, k, v, attn_mask, scale=scale,
-                                        recipe=get_recipe(recipe), return_lse=return_lse)
+                                        recipe=get_recipe(recipe), return_lse=return_lse,
+                                        rope=rope, rope_start=rope_start)
     if lse is None:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     if out.stride() != torch.empty_like(q, device="meta").stride():  # SDPA's: the fake's
@@ -76,6 +78,7 @@ def attention_fp8_key_padding(
 
 
 @attention_fp8_key_padding.register_fake
-def _attention_fp8_key_padding_fake(q, k, v, attn_mask, scale, recipe, return_lse):
+def _attention_fp8_key_padding_fake(q, k, v, attn_mask, scale, recipe, return_lse, rope=None,
+                                    rope_start=0):
     B, Sq, H, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Sq), dtype=torch.float32)

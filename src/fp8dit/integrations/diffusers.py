@@ -52,7 +52,7 @@ from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..launch import kernel_for
-from ..rope import fused_rotary
+from ..rope import apply_rope, check_rotary, fused_rotary, rope_tables
 
 BACKEND_NAME = "fp8dit"
 TORCH_SDPA = "torch-sdpa"  # layer_backends' name for layers that bypass diffusers' dispatcher
@@ -128,9 +128,18 @@ _PER_QUERY_MASK_HINT = (
     "processor that hands fp8dit the [B, 1, 1, S] key mask")
 
 
-def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse):
+def _rotated(query, key, rotary):
+    """q and k rotated first (diffusers' arithmetic): for paths that do not fuse it."""
+    if rotary is None:
+        return query, key
+    tables = rope_tables(rotary)
+    return (apply_rope(t, tables, rotary.start) for t in (query, key))
+
+
+def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse, rotary=None):
     """A masked call through FP8 where it can take it (``fp8dit.key_padding``): (result, None),
-    or (None, why not) when the mask's dtype or shape rules it out or ``auto`` prefers SDPA."""
+    or (None, why not) when the mask's dtype or shape rules it out or ``auto`` prefers SDPA.
+    ``rotary`` (checked, :func:`rotary_attention`): fused where the recipe allows."""
     if is_causal:
         return None, "attn_mask with is_causal=True"
     why = key_padding_reason(attn_mask, query.shape[0], key.shape[1], query.shape[1])
@@ -141,13 +150,20 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
         return None, why
     recipe = check_recipe(_recipe)
     scale = _check_scale(scale, query.shape[-1])
+    rope, start = None, 0
+    if rotary is not None:
+        if fused_rotary(query, rotary, recipe):
+            rope, start = rope_tables(rotary), rotary.start
+        else:
+            query, key = _rotated(query, key, rotary)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.fp8dit.attention_fp8_key_padding(
-            query, key, value, attn_mask, scale, recipe.name, return_lse)
+            query, key, value, attn_mask, scale, recipe.name, return_lse, rope, start)
         reason = None  # decided inside the op; a fallback there is logged there
     else:
         out, lse, reason = key_padding_attention(query, key, value, attn_mask, scale=scale,
-                                                 recipe=recipe, return_lse=return_lse)
+                                                 recipe=recipe, return_lse=return_lse,
+                                                 rope=rope, rope_start=start)
         if reason is None and attn_mask.dim() == 4 and attn_mask.shape[-2] > 1:
             _log_once(_PER_QUERY_MASK_HINT)
     if _records is not None:
@@ -157,22 +173,29 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
             else "key-padding mask: FP8 over the kept keys",
             recipe=None if reason else recipe.name,
             kernel=None if reason else kernel_for(query.shape[-1], key.shape[1], False, recipe,
-                                                  query.device)))
+                                                  query.device),
+            **_rotary_record(rotary, rope is not None and not reason)))
     if return_lse:
         return (out, lse.transpose(1, 2).contiguous()), None
     return out, None
 
 
+def _rotary_record(rotary, fused: bool) -> dict:
+    if rotary is None:
+        return {}
+    return dict(rotary="fused" if fused else "rotated first")
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                return_lse, rotary=None):
-    # rotary: only from rotary_attention (no mask, no dropout)
+    # rotary: only from rotary_attention (checked; no dropout)
     _check_fallback_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     fallback = None
     if dropout_p:
         fallback = f"dropout_p={dropout_p} (the FP8 kernels are inference-only)"
     elif attn_mask is not None:
         res, why = _key_padding_call(query, key, value, attn_mask, is_causal, scale,
-                                     return_lse)
+                                     return_lse, rotary)
         if why is None:
             return res
         fallback = f"attn_mask is set: {why}"
@@ -184,7 +207,9 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         _log_once(f"fp8dit diffusers backend: torch SDPA instead of FP8: {fallback}")
         if _records is not None:
             _records.append(dict(backend="sdpa", reason="fallback: " + fallback,
-                                 q=tuple(query.shape), k=tuple(key.shape)))
+                                 q=tuple(query.shape), k=tuple(key.shape),
+                                 **_rotary_record(rotary, False)))
+        query, key = _rotated(query, key, rotary)
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if _records is not None:
         name, why = select_backend(query, key, value, is_causal=is_causal, layout="NHD")
@@ -193,9 +218,8 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
                              recipe=rec.name if rec else None,
                              kernel=kernel_for(query.shape[-1], key.shape[1], is_causal, rec,
                                                query.device) if rec else None,
-                             **({} if rotary is None else dict(
-                                 rotary="fused" if rec and fused_rotary(query, rotary, rec)
-                                 else "rotated first"))))
+                             **_rotary_record(rotary, rec is not None and rotary is not None
+                                              and fused_rotary(query, rotary, rec))))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,
                     return_lse=return_lse, recipe=_recipe, rotary=rotary)
     if return_lse:
@@ -246,12 +270,16 @@ def fp8dit_attention(
                       return_lse)
 
 
-def rotary_attention(query, key, value, rotary):
+def rotary_attention(query, key, value, rotary, attn_mask=None):
     """fp8dit's diffusers backend for a self-attention whose q and k still need their rotary
-    embedding (``fp8dit.attention(rotary=...)``, diffusers' Wan arithmetic): what the
-    dispatcher's call with the rotated q and k gives, bitwise, without the rotated copies.
-    :class:`~fp8dit.integrations.diffusers_processors.WanRotaryProcessor` calls it."""
-    return _attention(query, key, value, None, 0.0, False, None, False, False, rotary=rotary)
+    embedding (``rotary``: what ``fp8dit.attention(rotary=...)`` takes, a ``(cos, sin)`` pair
+    in diffusers' Wan arithmetic or an :class:`fp8dit.Rotary`): what the dispatcher's call with
+    the rotated q and k gives, bitwise, without the rotated copies. ``attn_mask``: a key mask
+    (HunyuanVideo's), taken as the dispatcher's call takes it. The processors of
+    :mod:`~fp8dit.integrations.diffusers_processors` call it."""
+    rotary = check_rotary(rotary, query, query.shape[1], key.shape[1], query.shape[-1])
+    return _attention(query, key, value, attn_mask, 0.0, False, None, False, False,
+                      rotary=rotary)
 
 
 def _wait_collectives(*tensors):

@@ -34,6 +34,10 @@ arithmetic: the quantized Q, K and V are the same bits, and so is the layer's ou
 GPU with fp32 tables, LSE's q . mean(K) term may differ in its last bits, and where split-KV
 pieces are merged by it, the output). Every other call (other backends, context
 parallelism, cross-attention, image conditioning) runs diffusers' processor itself.
+:class:`HunyuanVideoRotaryProcessor` (HunyuanVideo 1.0) does the same with diffusers'
+``apply_rotary_emb`` arithmetic on the video tokens (the text tokens after them stay as they
+are), key mask included; so do the CogVideoX and HunyuanVideo 1.5 replacements above when their
+layer's backend is fp8dit (CogVideoX's text tokens come first).
 
 :data:`REPLACEMENTS` maps the replaced classes' names to a factory;
 ``fp8dit.integrations.diffusers.route_through_dispatcher`` does the swapping.
@@ -46,8 +50,9 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CogVideoXDispatchProcessor", "HunyuanVideo15KeyMaskProcessor", "REPLACEMENTS",
-           "REPLACEMENT_TYPES", "WanRotaryProcessor", "replacement_for"]
+__all__ = ["CogVideoXDispatchProcessor", "HunyuanVideo15KeyMaskProcessor",
+           "HunyuanVideoRotaryProcessor", "REPLACEMENTS", "REPLACEMENT_TYPES",
+           "WanRotaryProcessor", "replacement_for"]
 
 # The call signature of the processors replaced here (diffusers 0.42; CogVideoX's and
 # HunyuanVideo 1.5's are the same). A release that changes it changed what the processor does;
@@ -73,6 +78,37 @@ def _layer_backend_in(processor, names) -> bool:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry
         backend = _AttentionBackendRegistry.get_active_backend()[0]
     return getattr(backend, "value", backend) in names
+
+
+# diffusers backends whose calls get rotary tables instead of rotated q and k (fp8dit's: it
+# rotates as it quantizes)
+ROTARY_BACKENDS = frozenset({"fp8dit"})
+
+
+def _takes_tables(processor) -> bool:
+    """Whether the layer's next call goes to fp8dit's own backend function (no context
+    parallelism), which can take the rotary tables. One wrapped (fp8dit.capture's, a user's
+    hook) gets the dispatcher's call with the rotated q and k it expects."""
+    if not _layer_backend_in(processor, ROTARY_BACKENDS):
+        return False
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    from .diffusers import fp8dit_attention
+    return any(fn is fp8dit_attention
+               for name, fn in _AttentionBackendRegistry._backends.items()
+               if getattr(name, "value", name) in ROTARY_BACKENDS)
+
+
+def _video_rotary(image_rotary_emb, start: int, rows: int, head_dim: int):
+    """diffusers' ``apply_rotary_emb`` tables as an :class:`fp8dit.Rotary` over tokens
+    ``start .. start + rows``, or None when their size is not that (diffusers' own call then
+    raises or broadcasts as it does)."""
+    from ..rope import Rotary
+
+    cos, sin = image_rotary_emb
+    if cos.numel() != rows * head_dim or sin.numel() != rows * head_dim:
+        return None
+    return Rotary(cos, sin, start, "apply_rotary_emb")
 
 
 class CogVideoXDispatchProcessor:
@@ -107,6 +143,8 @@ class CogVideoXDispatchProcessor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.embeddings import apply_rotary_emb
 
+        from .diffusers import rotary_attention
+
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         batch_size, sequence_length, _ = hidden_states.shape
@@ -130,7 +168,13 @@ class CogVideoXDispatchProcessor:
             query = attn.norm_q(query)
         if attn.norm_k is not None:
             key = attn.norm_k(key)
-        if image_rotary_emb is not None:  # RoPE on the video tokens only
+        rotary = None
+        if (image_rotary_emb is not None and attention_mask is None
+                and not attn.is_cross_attention and _takes_tables(self)):
+            # fp8dit turns the video tokens as it quantizes them, in apply_rotary_emb's bits
+            rotary = _video_rotary(image_rotary_emb, text_seq_length,
+                                   sequence_length - text_seq_length, head_dim)
+        if image_rotary_emb is not None and rotary is None:  # RoPE on the video tokens only
             query[:, :, text_seq_length:] = apply_rotary_emb(query[:, :, text_seq_length:],
                                                              image_rotary_emb)
             if not attn.is_cross_attention:
@@ -138,11 +182,14 @@ class CogVideoXDispatchProcessor:
                                                                image_rotary_emb)
 
         # The dispatcher takes [B, S, H, D]: views, no copy ("native" permutes them back).
-        hidden_states = dispatch_attention_fn(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-            attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config,
-        )
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))
+        if rotary is not None:
+            hidden_states = rotary_attention(query, key, value, rotary)
+        else:
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config,
+            )
         hidden_states = hidden_states.reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -191,13 +238,19 @@ class HunyuanVideo15KeyMaskProcessor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.embeddings import apply_rotary_emb
 
+        from .diffusers import rotary_attention
+
         # diffusers' steps, in its order, so that every backend rounds the same way.
         query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
         key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
         value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
         query = attn.norm_q(query)
         key = attn.norm_k(key)
-        if image_rotary_emb is not None:  # RoPE on the video tokens
+        rotary = None
+        if image_rotary_emb is not None and _takes_tables(self):
+            # fp8dit turns the video tokens (the first ones) as it quantizes them
+            rotary = _video_rotary(image_rotary_emb, 0, query.shape[1], query.shape[-1])
+        if image_rotary_emb is not None and rotary is None:  # RoPE on the video tokens
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
         if encoder_hidden_states is not None:  # the text, glyph and image tokens, appended
@@ -221,10 +274,13 @@ class HunyuanVideo15KeyMaskProcessor:
                 rows = keys.repeat(1, 1, seq_len, 1)
                 attention_mask = (rows & rows.transpose(2, 3)).bool()
 
-        hidden_states = dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config,
-        )
+        if rotary is not None:
+            hidden_states = rotary_attention(query, key, value, rotary, attention_mask)
+        else:
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config,
+            )
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is not None:
             n = encoder_hidden_states.shape[1]
@@ -249,8 +305,6 @@ class WanRotaryProcessor:
 
     _attention_backend = None
     _parallel_config = None
-    # diffusers backends whose calls get the tables (fp8dit's: it rotates as it quantizes)
-    rotary_backends = frozenset({"fp8dit"})
 
     def __init__(self, original):
         from diffusers.models.transformers import transformer_wan
@@ -266,24 +320,12 @@ class WanRotaryProcessor:
         return (f"{type(self).__name__}("
                 f"backend={getattr(self._attention_backend, 'value', self._attention_backend)})")
 
-    def _fuses(self) -> bool:
-        if not _layer_backend_in(self, self.rotary_backends):
-            return False
-        # fp8dit's backend function as registered: one wrapped (fp8dit.capture's, a user's
-        # hook) gets the dispatcher's call with the rotated q and k it expects
-        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-        from .diffusers import fp8dit_attention
-        return any(fn is fp8dit_attention
-                   for name, fn in _AttentionBackendRegistry._backends.items()
-                   if getattr(name, "value", name) in self.rotary_backends)
-
     def __call__(self, attn, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None,
                  rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None):
         if (rotary_emb is None or encoder_hidden_states is not None or attention_mask is not None
-                or attn.add_k_proj is not None or not self._fuses()):
+                or attn.add_k_proj is not None or not _takes_tables(self)):
             return self._diffusers_call(self, attn, hidden_states, encoder_hidden_states,
                                         attention_mask, rotary_emb)
         from .diffusers import rotary_attention
@@ -297,6 +339,79 @@ class WanRotaryProcessor:
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
         hidden_states = attn.to_out[0](hidden_states)
         return attn.to_out[1](hidden_states)
+
+
+class HunyuanVideoRotaryProcessor:
+    """HunyuanVideo 1.0's attention (diffusers' ``HunyuanVideoAttnProcessor2_0``), handing
+    fp8dit the rotary tables instead of rotated copies of the video tokens' q and k.
+
+    Parameters
+    ----------
+    original : HunyuanVideoAttnProcessor2_0
+        The processor this one replaces: every call that is not fused runs its ``__call__``
+        (with this processor's backend and context-parallel settings, which start as its).
+    """
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, original):
+        self.original = original
+        self._diffusers_call = type(original).__call__
+        for attr in ("_attention_backend", "_parallel_config"):
+            if getattr(original, attr, None) is not None:
+                setattr(self, attr, getattr(original, attr))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}("
+                f"backend={getattr(self._attention_backend, 'value', self._attention_backend)})")
+
+    def __call__(self, attn, hidden_states: torch.Tensor,
+                 encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None,
+                 image_rotary_emb: torch.Tensor | None = None):
+        rotary = None
+        if image_rotary_emb is not None and _takes_tables(self):
+            # the tokens turned: the video ones, first in the sequence
+            rotary = _video_rotary(image_rotary_emb, 0, hidden_states.shape[1],
+                                   attn.to_q.out_features // attn.heads)
+        if rotary is None:
+            return self._diffusers_call(self, attn, hidden_states, encoder_hidden_states,
+                                        attention_mask, image_rotary_emb)
+        from .diffusers import rotary_attention
+
+        # diffusers' steps, in its order, with the rotation left to fp8dit
+        if attn.add_q_proj is None and encoder_hidden_states is not None:
+            hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if attn.add_q_proj is not None and encoder_hidden_states is not None:
+            enc = [proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
+            if attn.norm_added_q is not None:
+                enc[0] = attn.norm_added_q(enc[0])
+            if attn.norm_added_k is not None:
+                enc[1] = attn.norm_added_k(enc[1])
+            query, key, value = (torch.cat([t, e], dim=1) for t, e in zip((query, key, value),
+                                                                          enc))
+        hidden_states = rotary_attention(query, key, value, rotary, attention_mask)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is not None:
+            n = encoder_hidden_states.shape[1]
+            hidden_states, encoder_hidden_states = hidden_states[:, :-n], hidden_states[:, -n:]
+            if getattr(attn, "to_out", None) is not None:
+                hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+            if getattr(attn, "to_add_out", None) is not None:
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+def _hunyuan_video(original):
+    return HunyuanVideoRotaryProcessor(original)
 
 
 def _wan(original):
@@ -323,10 +438,11 @@ REPLACEMENTS = {
     "CogVideoXAttnProcessor2_0": _cogvideox(fused=False),
     "FusedCogVideoXAttnProcessor2_0": _cogvideox(fused=True),
     "HunyuanVideo15AttnProcessor2_0": _hunyuan_video_15,
+    "HunyuanVideoAttnProcessor2_0": _hunyuan_video,
     "WanAttnProcessor": _wan,
 }
 REPLACEMENT_TYPES = (CogVideoXDispatchProcessor, HunyuanVideo15KeyMaskProcessor,
-                     WanRotaryProcessor)
+                     HunyuanVideoRotaryProcessor, WanRotaryProcessor)
 # the call signature each replaced class must have (default _CALL)
 _SIGNATURES = {"WanAttnProcessor": _WAN_CALL}
 
