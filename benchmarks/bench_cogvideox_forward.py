@@ -25,6 +25,7 @@ import sys
 
 import torch
 from bench_wan_forward import (
+    ROTATE_FIRST,
     backend_models,
     cuda_device,
     pin_backends,
@@ -58,6 +59,10 @@ def parse_args(argv=None):
                         "the first is the reference and the speed-up's denominator")
     p.add_argument("--compile", action="store_true", help="also torch.compile every model")
     p.add_argument("--cuda-graph", action="store_true", help="also capture and replay")
+    p.add_argument("--rotate-first", action="store_true",
+                   help="add a model on fp8dit whose processors rotate q and k in torch first "
+                        "(fuse_rotary off: the rotary embedding not fused into fp8dit's "
+                        "quantization)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="JSON file (default results/<gpu>-cogvideox-forward.json)")
@@ -113,7 +118,8 @@ def main(argv=None) -> int:
         return 2
     from fp8dit.integrations import diffusers as fd
 
-    models = backend_models(args.sdpa, lambda: build_model(args, device))
+    models = backend_models(args.sdpa, lambda: build_model(args, device),
+                            [ROTATE_FIRST] if args.rotate_first else [])
     for model in models.values():
         fd.route_through_dispatcher(model)  # the baselines too: "native" is then diffusers' own
     inputs = forward_inputs(args, device)

@@ -25,6 +25,7 @@ import sys
 
 import torch
 from bench_wan_forward import (
+    ROTATE_FIRST,
     backend_models,
     cuda_device,
     pin_backends,
@@ -58,6 +59,10 @@ def parse_args(argv=None):
                    help="also capture and replay; fails with every backend (run s18-3): the "
                         "model's forward reads tensors on the host (if torch.all(image_embeds "
                         "== 0), boolean indexing of the text), which capture forbids")
+    p.add_argument("--rotate-first", action="store_true",
+                   help="add a model on fp8dit whose processors rotate q and k in torch first "
+                        "(fuse_rotary off: the rotary embedding not fused into fp8dit's "
+                        "quantization)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="JSON file (default results/<gpu>-hunyuan15-forward.json)")
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
         f"{TEXT + TEXT_2 + IMAGE} conditioning tokens, {video + args.kept + args.kept_2} kept)"))
     if device is None:
         return 2
-    models = backend_models(args.sdpa, lambda: build_model(args, device))
+    models = backend_models(args.sdpa, lambda: build_model(args, device),
+                            [ROTATE_FIRST] if args.rotate_first else [])
     inputs = forward_inputs(args, device)
     for name, model in models.items():
         if name.endswith("-keymask"):

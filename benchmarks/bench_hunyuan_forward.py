@@ -20,6 +20,7 @@ import sys
 
 import torch
 from bench_wan_forward import (
+    ROTATE_FIRST,
     backend_models,
     cuda_device,
     pin_backends,
@@ -55,6 +56,10 @@ def parse_args(argv=None):
                    help="also capture and replay (fp8dit keeps the mask's key lengths on the "
                         "device there; the cudnn-kept baseline, which reads them on the host, "
                         "cannot be captured and reports an error row)")
+    p.add_argument("--rotate-first", action="store_true",
+                   help="add a model on fp8dit whose processors rotate q and k in torch first "
+                        "(fuse_rotary off: the rotary embedding not fused into fp8dit's "
+                        "quantization)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="JSON file (default results/<gpu>-hunyuan-forward.json)")
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
         f"{args.resolution} ({video} video tokens + {args.text} text, {args.kept} kept)"))
     if device is None:
         return 2
-    models = backend_models(args.sdpa, lambda: build_model(args, device))
+    models = backend_models(args.sdpa, lambda: build_model(args, device),
+                            [ROTATE_FIRST] if args.rotate_first else [])
     inputs = forward_inputs(args, device)
     kept = {"sdpa-cudnn-kept": register_kept_keys_baseline()} if "cudnn-kept" in args.sdpa \
         else {}

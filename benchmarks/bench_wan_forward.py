@@ -254,12 +254,17 @@ def run_and_report(models: dict, inputs: dict, args, suffix: str, meta: dict) ->
     return report(rows, baseline, Path(args.out) if args.out else None, suffix)
 
 
+ROTATE_FIRST = "fp8dit-rotate-first"
+
+
 def backend_models(baselines, build, fp8dit_variants=()) -> dict:
     """``{"sdpa-<kernel>": build(), ..., "fp8dit": build(), "fp8dit-<variant>": build()}``: one
     model per backend (``build`` seeds its weights, so they are the same), since the backends
     alternate call by call and a compiled model or captured graph cannot switch its attention
     backend. A ``fp8dit-<variant>`` model runs fp8dit through diffusers' own processors
-    (``set_attention_backend``, not ``fp8dit.enable``)."""
+    (``set_attention_backend``, not ``fp8dit.enable``); ``fp8dit-rotate-first`` through
+    ``fp8dit.enable``'s processors with ``fuse_rotary`` off (q and k rotated in torch first,
+    in diffusers' arithmetic: the same work as diffusers' processors, the same masks)."""
     return {name: build()
             for name in [f"sdpa-{s}" for s in baselines] + ["fp8dit", *fp8dit_variants]}
 
@@ -276,13 +281,21 @@ def pin_backends(models: dict, layer_backends: dict | None = None) -> None:
     # without their own follow: the baselines' layers are pinned to "native" explicitly, and
     # checked, or every model would run fp8dit (as a first version of this script did).
     layer_backends = dict(layer_backends or {}, fp8dit="fp8dit")
+    enabled = ["fp8dit"] + [n for n in models if n == ROTATE_FIRST]
     for name in models:
         if name.startswith("fp8dit-"):  # diffusers' processors, fp8dit's backend
             layer_backends[name] = "fp8dit"
     for name, model in models.items():
-        if name != "fp8dit":
+        if name not in enabled:
             model.set_attention_backend(layer_backends.get(name, "native"))
-    fd.enable(models["fp8dit"])
+    for name in enabled:
+        fd.enable(models[name])
+    if ROTATE_FIRST in models:
+        from fp8dit.integrations.diffusers_processors import REPLACEMENT_TYPES
+
+        for _, proc in fd._attention_processors(models[ROTATE_FIRST]):
+            if isinstance(proc, REPLACEMENT_TYPES):
+                proc.fuse_rotary = False
     for name in models:
         want = layer_backends.get(name, "native")
         got = set(fd.layer_backends(models[name]).values()) - {fd.TORCH_SDPA}

@@ -481,8 +481,11 @@ def tiny_hunyuan_video():
 HV_LAYERS = ["transformer_blocks.0.attn", "single_transformer_blocks.0.attn"]
 
 
-def _enabled_forward(model, inputs):
+def _enabled_forward(model, inputs, fuse_rotary=True):
     fp8dit.enable(model)
+    for _, proc in fd._attention_processors(model):
+        if isinstance(proc, dp.REPLACEMENT_TYPES):
+            proc.fuse_rotary = fuse_rotary
     try:
         with fd.record_calls() as calls:
             return forward(model, inputs), calls
@@ -491,7 +494,7 @@ def _enabled_forward(model, inputs):
 
 
 @pytest.mark.parametrize("model_name", ["hunyuan_video", "hunyuan_video_15", "cogvideox"])
-def test_fused_apply_rotary_emb_gives_the_bits_of_rotating_first(monkeypatch, model_name):
+def test_fused_apply_rotary_emb_gives_the_bits_of_rotating_first(model_name):
     # HunyuanVideo 1.0 / 1.5 and CogVideoX through fp8dit.enable: the video tokens' rotation
     # fused into fp8dit's quantization gives bitwise what the same processors give when they
     # rotate q and k themselves first (diffusers' apply_rotary_emb) and hand them to fp8dit.
@@ -501,8 +504,7 @@ def test_fused_apply_rotary_emb_gives_the_bits_of_rotating_first(monkeypatch, mo
     model.set_attention_backend("native")
     native = forward(model, inputs)
     fused, calls = _enabled_forward(model, inputs)
-    monkeypatch.setattr(dp, "_takes_tables", lambda processor: False)
-    rotated, rotated_calls = _enabled_forward(model, inputs)
+    rotated, rotated_calls = _enabled_forward(model, inputs, fuse_rotary=False)
     assert torch.equal(fused, rotated)
     rot = [c.get("rotary") for c in calls if c.get("rotary")]
     assert rot and set(rot) == {"fused"}, calls
@@ -549,3 +551,28 @@ def test_hunyuan_video_rotary_processor_adds_no_graph_break():
         explanation.break_reasons
     code = "".join(g.code for g in explanation.graphs)
     assert code.count("fp8dit.attention_fp8_key_padding") >= 2
+
+
+def test_forward_benchmarks_rotate_first_peer(monkeypatch):
+    # the benchmarks' "fp8dit-rotate-first" model: fp8dit.enable's processors, rotation in
+    # torch first; the same bits as the fused model (the test above), other calls' records
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_wan_forward import ROTATE_FIRST, backend_models, pin_backends
+
+    models = backend_models([], lambda: tiny_hunyuan_video()[0], [ROTATE_FIRST])
+    inputs = tiny_hunyuan_video()[1]
+    pin_backends(models)
+    try:
+        outs = {}
+        for name, model in models.items():
+            with fd.record_calls() as calls:
+                outs[name] = forward(model, inputs)
+            outs[name + " rotary"] = {c.get("rotary") for c in calls} - {None}
+        assert outs["fp8dit rotary"] == {"fused"}
+        assert outs[ROTATE_FIRST + " rotary"] == set()  # diffusers' own code rotated them
+        assert torch.equal(outs["fp8dit"], outs[ROTATE_FIRST])
+    finally:
+        for model in models.values():
+            fd.disable(model)

@@ -87,9 +87,10 @@ ROTARY_BACKENDS = frozenset({"fp8dit"})
 
 def _takes_tables(processor) -> bool:
     """Whether the layer's next call goes to fp8dit's own backend function (no context
-    parallelism), which can take the rotary tables. One wrapped (fp8dit.capture's, a user's
-    hook) gets the dispatcher's call with the rotated q and k it expects."""
-    if not _layer_backend_in(processor, ROTARY_BACKENDS):
+    parallelism), which can take the rotary tables, and the processor's ``fuse_rotary`` is
+    on. One wrapped (fp8dit.capture's, a user's hook) gets the dispatcher's call with the
+    rotated q and k it expects."""
+    if not processor.fuse_rotary or not _layer_backend_in(processor, ROTARY_BACKENDS):
         return False
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
@@ -128,6 +129,8 @@ class CogVideoXDispatchProcessor:
     # ``attention_backend(...)``, context parallelism's ``_parallel_config``).
     _attention_backend = None
     _parallel_config = None
+    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
+    fuse_rotary = True
 
     def __init__(self, fused: bool = False, original=None):
         self.fused = bool(fused)
@@ -216,6 +219,8 @@ class HunyuanVideo15KeyMaskProcessor:
 
     _attention_backend = None
     _parallel_config = None
+    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
+    fuse_rotary = True
 
     def __init__(self, original=None, key_mask_backends=("fp8dit",)):
         self.original = original
@@ -305,6 +310,8 @@ class WanRotaryProcessor:
 
     _attention_backend = None
     _parallel_config = None
+    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
+    fuse_rotary = True
 
     def __init__(self, original):
         from diffusers.models.transformers import transformer_wan
@@ -354,6 +361,8 @@ class HunyuanVideoRotaryProcessor:
 
     _attention_backend = None
     _parallel_config = None
+    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
+    fuse_rotary = True
 
     def __init__(self, original):
         self.original = original
