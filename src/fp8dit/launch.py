@@ -557,7 +557,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
     if plan.n_reduce:
         merge_partials_kernel[(plan.n_reduce,)](
             ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
-            out, *out_strides, lse, *lse_strides, D,
+            out, *out_strides, lse, *lse_strides, ws.q_corr, plan.q_total_padded, D,
             DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(),
             num_warps=_tile_warps(BM, Dp),
         )

@@ -31,8 +31,8 @@ with eager element-wise ops (12.6 ms per layer at Wan2.2 720p on an H200, run s1
 handing them over; given fp8dit, it hands over the rotary tables instead, and fp8dit rotates
 the rows as its quantization loads them (``fp8dit.attention(rotary=...)``), in diffusers'
 arithmetic: the quantized Q, K and V are the same bits, and so is the layer's output (on the
-GPU with fp32 tables, LSE's q . mean(K) term may differ in its last bits, and where split-KV
-pieces are merged by it, the output). Every other call (other backends, context
+GPU with fp32 tables, LSE's q . mean(K) term may differ in its last bits; split-KV merges leave
+that term out of the pieces' weights). Every other call (other backends, context
 parallelism, cross-attention, image conditioning) runs diffusers' processor itself.
 :class:`HunyuanVideoRotaryProcessor` (HunyuanVideo 1.0) does the same with diffusers'
 ``apply_rotary_emb`` arithmetic on the video tokens (the text tokens after them stay as they

@@ -217,11 +217,13 @@ def attention_fwd_persistent_kernel(
             inv_l = inv_l * tl.math.exp2(v_block_log2_scale(kv_hi - 1))  # out of the V frame
         o = acc * inv_l[:, None] * v_scale[None, :] + v_mean[None, :]
         o = tl.where(empty[:, None], 0.0, o)
-        # lse in natural log: (m + log2(l) - P_SHIFT) * ln 2, plus the K-smoothing shift.
-        corr = tl.load(q_lse_corr_ptr + q_row + offs_m)
-        lse = (m_i + tl.math.log2(l_i) - P_SHIFT) * 0.6931471805599453 + corr
+        # lse in natural log: (m + log2(l) - P_SHIFT) * ln 2, plus the K-smoothing shift; a
+        # split-KV piece's without it (the merge adds it once: a shift common to the pieces
+        # would only round their weights differently)
+        lse = (m_i + tl.math.log2(l_i) - P_SHIFT) * 0.6931471805599453
         lse = tl.where(empty, float("-inf"), lse)
         if slot < 0:
+            lse = lse + tl.load(q_lse_corr_ptr + q_row + offs_m)
             rmask = rows < q_len
             tok0 = (q_src + row0).to(tl.int64)
             hq64 = h.to(tl.int64)

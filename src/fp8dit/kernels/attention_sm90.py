@@ -240,10 +240,12 @@ def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_
     o = acc * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1) \
         * gl.expand_dims(v_scale, 0) + gl.expand_dims(v_mean, 0)
     o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
-    corr = gl.load(q_lse_corr_ptr + q_row + offs_m)
-    lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2 + corr
+    # a split-KV piece's LSE without the K-smoothing shift: the merge adds it once
+    # (kernels.attention)
+    lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2
     lse = gl.where(empty, float("-inf"), lse)
     if slot_out < 0:
+        lse = lse + gl.load(q_lse_corr_ptr + q_row + offs_m)
         tok0 = (q_src + row0).to(gl.int64)
         hq64 = h.to(gl.int64)
         optr = (out_ptr + b.to(gl.int64) * o_sb + hq64 * o_sh + tok0 * o_st

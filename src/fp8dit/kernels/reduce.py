@@ -19,10 +19,12 @@ def merge_partials_kernel(
     part_o_ptr, part_lse_ptr, reduce_ptr, seq_ptr,
     out_ptr, o_sb, o_st, o_sh, o_sd,
     lse_ptr, l_sb, l_sh, l_st,
-    D,
+    q_lse_corr_ptr, Tq_pad, D,
     DP: tl.constexpr, BLOCK_M: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
 ):
-    """One program per split item; pieces merged in slot order (deterministic)."""
+    """One program per split item; pieces merged in slot order (deterministic). The pieces'
+    LSEs leave out the row's K-smoothing shift (``q_lse_corr``), added to the merged LSE only:
+    the output's weights then do not depend on that shift's last bits."""
     r = tl.program_id(0)
     item = reduce_ptr + r * 5
     b = tl.load(item + 0)
@@ -32,6 +34,7 @@ def merge_partials_kernel(
     n = tl.load(item + 4)
     q_len = tl.load(seq_ptr + b * 8 + 0)
     q_src = tl.load(seq_ptr + b * 8 + 2)
+    q_pad = tl.load(seq_ptr + b * 8 + 4)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, DP)
 
@@ -49,7 +52,8 @@ def merge_partials_kernel(
         wsum += w
     empty = wsum == 0.0
     o = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, wsum)[:, None])
-    lse = tl.where(empty, float("-inf"), m_ref + tl.log(wsum))
+    corr = tl.load(q_lse_corr_ptr + h * Tq_pad + q_pad + qt * BLOCK_M + offs_m)
+    lse = tl.where(empty, float("-inf"), m_ref + tl.log(wsum) + corr)
 
     rows = qt * BLOCK_M + offs_m
     rmask = rows < q_len
