@@ -112,6 +112,31 @@ def _video_rotary(image_rotary_emb, start: int, rows: int, head_dim: int):
     return Rotary(cos, sin, start, "apply_rotary_emb")
 
 
+def _append_added_qkv(attn, encoder_hidden_states, query, key, value):
+    """The HunyuanVideo processors' conditioning tokens (added projections and norms, diffusers'
+    order) appended after the video tokens' q, k, v."""
+    enc = [proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+           for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
+    if attn.norm_added_q is not None:
+        enc[0] = attn.norm_added_q(enc[0])
+    if attn.norm_added_k is not None:
+        enc[1] = attn.norm_added_k(enc[1])
+    return (torch.cat([t, e], dim=1) for t, e in zip((query, key, value), enc))
+
+
+def _split_out(attn, hidden_states, encoder_hidden_states):
+    """The HunyuanVideo processors' output: the conditioning tokens split off the end, each
+    part through its output projection (diffusers' steps)."""
+    if encoder_hidden_states is not None:
+        n = encoder_hidden_states.shape[1]
+        hidden_states, encoder_hidden_states = hidden_states[:, :-n], hidden_states[:, -n:]
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    return hidden_states, encoder_hidden_states
+
+
 class CogVideoXDispatchProcessor:
     """CogVideoX's joint text-video self-attention with the attention through diffusers'
     dispatcher.
@@ -259,14 +284,8 @@ class HunyuanVideo15KeyMaskProcessor:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
         if encoder_hidden_states is not None:  # the text, glyph and image tokens, appended
-            enc = [proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
-            if attn.norm_added_q is not None:
-                enc[0] = attn.norm_added_q(enc[0])
-            if attn.norm_added_k is not None:
-                enc[1] = attn.norm_added_k(enc[1])
-            query, key, value = (torch.cat([t, e], dim=1) for t, e in zip((query, key, value),
-                                                                          enc))
+            query, key, value = _append_added_qkv(attn, encoder_hidden_states, query, key,
+                                                  value)
 
         batch_size, seq_len = query.shape[:2]
         if attention_mask is not None:  # [B, conditioning tokens]; the video tokens are kept
@@ -286,18 +305,33 @@ class HunyuanVideo15KeyMaskProcessor:
                 query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
                 backend=self._attention_backend, parallel_config=self._parallel_config,
             )
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        if encoder_hidden_states is not None:
-            n = encoder_hidden_states.shape[1]
-            hidden_states, encoder_hidden_states = hidden_states[:, :-n], hidden_states[:, -n:]
-            if getattr(attn, "to_out", None) is not None:
-                hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-            if getattr(attn, "to_add_out", None) is not None:
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-        return hidden_states, encoder_hidden_states
+        return _split_out(attn, hidden_states.flatten(2, 3).to(query.dtype),
+                          encoder_hidden_states)
 
 
-class WanRotaryProcessor:
+class _RotaryReplacement:
+    """What the Wan and HunyuanVideo 1.0 replacements share: the original processor, whose
+    ``__call__`` runs every call that is not fused, and its backend and context-parallel
+    settings (carried over)."""
+
+    _attention_backend = None
+    _parallel_config = None
+    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
+    fuse_rotary = True
+
+    def __init__(self, original):
+        self.original = original
+        self._diffusers_call = type(original).__call__
+        for attr in ("_attention_backend", "_parallel_config"):
+            if getattr(original, attr, None) is not None:
+                setattr(self, attr, getattr(original, attr))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}("
+                f"backend={getattr(self._attention_backend, 'value', self._attention_backend)})")
+
+
+class WanRotaryProcessor(_RotaryReplacement):
     """Wan's attention (diffusers' ``WanAttnProcessor``), handing fp8dit the rotary tables
     instead of rotated copies of q and k.
 
@@ -308,24 +342,11 @@ class WanRotaryProcessor:
         (with this processor's backend and context-parallel settings, which start as its).
     """
 
-    _attention_backend = None
-    _parallel_config = None
-    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
-    fuse_rotary = True
-
     def __init__(self, original):
         from diffusers.models.transformers import transformer_wan
 
-        self.original = original
-        self._diffusers_call = type(original).__call__
+        super().__init__(original)
         self._qkv = transformer_wan._get_qkv_projections
-        for attr in ("_attention_backend", "_parallel_config"):
-            if getattr(original, attr, None) is not None:
-                setattr(self, attr, getattr(original, attr))
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}("
-                f"backend={getattr(self._attention_backend, 'value', self._attention_backend)})")
 
     def __call__(self, attn, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor | None = None,
@@ -348,7 +369,7 @@ class WanRotaryProcessor:
         return attn.to_out[1](hidden_states)
 
 
-class HunyuanVideoRotaryProcessor:
+class HunyuanVideoRotaryProcessor(_RotaryReplacement):
     """HunyuanVideo 1.0's attention (diffusers' ``HunyuanVideoAttnProcessor2_0``), handing
     fp8dit the rotary tables instead of rotated copies of the video tokens' q and k.
 
@@ -358,22 +379,6 @@ class HunyuanVideoRotaryProcessor:
         The processor this one replaces: every call that is not fused runs its ``__call__``
         (with this processor's backend and context-parallel settings, which start as its).
     """
-
-    _attention_backend = None
-    _parallel_config = None
-    # False: q and k rotated in torch first, as diffusers' processor does (a comparison peer)
-    fuse_rotary = True
-
-    def __init__(self, original):
-        self.original = original
-        self._diffusers_call = type(original).__call__
-        for attr in ("_attention_backend", "_parallel_config"):
-            if getattr(original, attr, None) is not None:
-                setattr(self, attr, getattr(original, attr))
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}("
-                f"backend={getattr(self._attention_backend, 'value', self._attention_backend)})")
 
     def __call__(self, attn, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor | None = None,
@@ -399,24 +404,11 @@ class HunyuanVideoRotaryProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
         if attn.add_q_proj is not None and encoder_hidden_states is not None:
-            enc = [proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
-            if attn.norm_added_q is not None:
-                enc[0] = attn.norm_added_q(enc[0])
-            if attn.norm_added_k is not None:
-                enc[1] = attn.norm_added_k(enc[1])
-            query, key, value = (torch.cat([t, e], dim=1) for t, e in zip((query, key, value),
-                                                                          enc))
+            query, key, value = _append_added_qkv(attn, encoder_hidden_states, query, key,
+                                                  value)
         hidden_states = rotary_attention(query, key, value, rotary, attention_mask)
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        if encoder_hidden_states is not None:
-            n = encoder_hidden_states.shape[1]
-            hidden_states, encoder_hidden_states = hidden_states[:, :-n], hidden_states[:, -n:]
-            if getattr(attn, "to_out", None) is not None:
-                hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-            if getattr(attn, "to_add_out", None) is not None:
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-        return hidden_states, encoder_hidden_states
+        return _split_out(attn, hidden_states.flatten(2, 3).to(query.dtype),
+                          encoder_hidden_states)
 
 
 def _hunyuan_video(original):
