@@ -2,16 +2,17 @@
 and this tree's quantization kernels against a previous revision's with it.
 
     git show REV:src/fp8dit/kernels/quantize.py > benchmarks/_quantize_prev.py   # untracked
-    python3 benchmarks/gpu_quant_rope.py --prev benchmarks/_quantize_prev.py [--out F]
+    python3 benchmarks/gpu_quant_rope.py --prev prev=benchmarks/_quantize_prev.py [--out F]
+
+(``--prev NAME=FILE`` again for more variants; the device call must ``carry`` the files.)
 
 Per case, in diffusers' NHD layout (``launch.quantize_stage`` as ``fp8dit.attention`` runs it
 with the warp-specialized kernel's plan):
 - ``rope``: the tables handed to the quantization (``rope_tables``), q and k unrotated;
 - ``plain``: q and k rotated first (``rope.apply_rope``), no tables: the quantization alone.
-Each with both revisions' kernels, timed in turn twice (median of 20 CUDA-event timings), a
+Each with every revision's kernels, timed in turn twice (median of 20 CUDA-event timings), a
 torch.profiler breakdown per kernel, and the workspaces compared bitwise (rope against plain:
-the fusion's promise; new against prev: a change that only moves loads must not move bits).
-Session 21's change: the statistics pass asks for the table rows a sub-tile ahead.
+the fusion's promise; the tree against each variant with tables).
 """
 
 from __future__ import annotations
@@ -77,32 +78,37 @@ def _same(a, b):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prev", required=True, help="a previous revision's kernels/quantize.py")
+    ap.add_argument("--prev", action="append", required=True,
+                    help="NAME=FILE: a variant's kernels/quantize.py (repeatable)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_quant_rope: no CUDA device; nothing measured")
         return 2
-    prev = _load_prev(a.prev)
-    impls = {"prev": {n: getattr(prev, n) for n in KERNELS},
-             "new": {n: getattr(launch, n) for n in KERNELS}}
+    impls = {}
+    for spec in a.prev:
+        name, _, path = spec.partition("=")
+        mod = _load_prev(path)
+        impls[name] = {n: getattr(mod, n) for n in KERNELS}
+    impls["new"] = {n: getattr(launch, n) for n in KERNELS}
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
-    record_env(prev=a.prev)
+    record_env(variants=a.prev)
     for name in CASES:
         runs = dict(zip(("rope", "plain"), case_runs(name, rec)))
         ms, wss, prof = {}, {}, {}
-        for impl in ("prev", "new", "prev", "new"):
+        for impl in list(impls) * 2:
             _use(impls[impl])
             for path, run in runs.items():
                 ms.setdefault(f"{impl}-{path}", []).append(round(time_ms(run), 4))
                 wss[impl, path] = run()
-        for impl in ("prev", "new"):
+        for impl in impls:
             _use(impls[impl])
             for path, run in runs.items():
                 prof[f"{impl}-{path}"] = _profile(run)
         record(part="quant-rope", case=name, ms=ms, per_kernel_ms=prof,
-               new_vs_prev_rope=_same(wss["new", "rope"], wss["prev", "rope"]),
+               new_vs_variant_rope={i: _same(wss["new", "rope"], wss[i, "rope"])
+                                    for i in impls if i != "new"},
                rope_vs_plain=_same(wss["new", "rope"], wss["new", "plain"]))
         _use(impls["new"])
         del runs, wss

@@ -31,7 +31,7 @@ from .common import (
     mul_rn,
     quantize_tile,
     residual_int8,
-    round_to_bf16_grid,
+    rotate_pair_bf16,
     to_bf16,
     to_fp8_e4m3,
     v_block_log2_scale,
@@ -112,9 +112,8 @@ def _rope_turn(x, c, s, c2, s2, x_ptr, row0, loc, rope_lo, rope_n,
         c2 = c
         s2 = s
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
-    if ROPE == 2:  # ROPE_ROUNDED (a product of two bf16 values is exact in fp32)
-        oe = round_to_bf16_grid(round_to_bf16_grid(xe * c) - round_to_bf16_grid(xo * s))
-        oo = round_to_bf16_grid(round_to_bf16_grid(xe * s) + round_to_bf16_grid(xo * c))
+    if ROPE == 2:  # ROPE_ROUNDED
+        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST)
     else:
         oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s2, SOFT_CAST), x_ptr,
                             SOFT_CAST).to(tl.float32)
