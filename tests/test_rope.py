@@ -57,12 +57,18 @@ def test_fused_rotation_is_bitwise_rotate_then_attend(device, table_dtype, S, H,
     assert (plain.float() - got[0].float()).abs().max() > 0.05
 
 
-def test_fused_rotation_with_split_kv_and_non_finite_rows(device):
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
+def test_fused_rotation_with_split_kv_and_non_finite_rows(device, table_dtype):
     S, D = 150, 64
     q, k, v = _qkv(1, S, 2, D, device)
     q[0, 5, 1, 3] = float("nan")  # a bad query row and a bad key block stay flagged as before
     k[0, 140, 0, 10] = float("inf")
-    cos, sin = (t.to(device)[None, :, None] for t in _tables(S, D, torch.float32))
+    # extreme magnitudes: products that overflow bf16 (head 0, already poisoned by the inf),
+    # and products in bf16's subnormal range, which each rounding must keep as torch does
+    k[0, 60, 0, :8] = 3.0e38
+    q[0, 30, 0] = q[0, 30, 0] * 1e-38
+    k[0, 90, 0] = k[0, 90, 0] * 1e-38
+    cos, sin = (t.to(device)[None, :, None] for t in _tables(S, D, table_dtype))
     qr, kr = (apply_rotary(t, cos[0, :, 0], sin[0, :, 0]) for t in (q, k))
     want = fp8dit.attention(qr, kr, v, backend="fp8", num_splits=3)
     got = fp8dit.attention(q, k, v, backend="fp8", num_splits=3, rotary=(cos, sin))

@@ -112,7 +112,7 @@ def fused_rotary(q: torch.Tensor, rotary: Rotary, recipe) -> bool:
     """Whether the FP8 path's quantization rotates q and k itself for ``recipe``: not with
     tensor-wide scales (their amax pass reads q and k unrotated); in the Wan style only for
     fp32 tables (rounded once to q's dtype) or bf16 tables with bf16 q and k (each op rounded
-    to bf16, in the fp32 bits: ``kernels.common.round_to_bf16_grid``); the
+    to bf16: ``kernels.common.rotate_pair_bf16``); the
     ``apply_rotary_emb`` style always (fp32 math). Otherwise :func:`apply_rope` rotates them
     first."""
     return recipe.scales != "tensor" and (rotary.style == "apply_rotary_emb"

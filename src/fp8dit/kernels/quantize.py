@@ -69,65 +69,6 @@ ROPE_FOUR = 3
 
 
 @triton.jit
-def _rope_rows(cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, row0, loc, rmask, rope_lo, rope_n,
-               DP: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
-               ROPE_RANGE: tl.constexpr):
-    """The table rows of tokens ``row0 + loc`` for :func:`_rope_turn`, in the tables' dtype:
-    (cos, sin, cos2, sin2), each [rows, DP / 2] (zeros where masked or out of range). Apart
-    from the rotation so a loop can ask for the next tile's rows before this one's work."""
-    HALF: tl.constexpr = DP // 2
-    i = tl.arange(0, HALF)
-    tok = row0 + loc
-    if ROPE_RANGE:
-        inr = (tok >= rope_lo) & (tok < rope_lo + rope_n)
-        m = (rmask & inr)[:, None] & (i < HALF_D)[None, :]
-        at = (tok - rope_lo)[:, None] * HALF_D + i[None, :]
-    else:
-        m = rmask[:, None] & (i < HALF_D)[None, :]
-        at = tok[:, None] * HALF_D + i[None, :]
-    c = tl.load(cos_ptr + at, mask=m, other=0.0)
-    s = tl.load(sin_ptr + at, mask=m, other=0.0)
-    if ROPE == 3:  # ROPE_FOUR
-        c2 = tl.load(cos2_ptr + at, mask=m, other=0.0)
-        s2 = tl.load(sin2_ptr + at, mask=m, other=0.0)
-    else:
-        c2 = c
-        s2 = s
-    return c, s, c2, s2
-
-
-@triton.jit
-def _rope_turn(x, c, s, c2, s2, x_ptr, row0, loc, rope_lo, rope_n,
-               DP: tl.constexpr, ROWS: tl.constexpr, ROPE: tl.constexpr,
-               ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
-    """``x`` (fp32 [ROWS, DP], rows ``row0 + loc``) rotated by its table rows from
-    :func:`_rope_rows` (see :func:`_rope_pairs`)."""
-    HALF: tl.constexpr = DP // 2
-    c = c.to(tl.float32)
-    s = s.to(tl.float32)
-    if ROPE == 3:  # ROPE_FOUR
-        c2 = c2.to(tl.float32)
-        s2 = s2.to(tl.float32)
-    else:
-        c2 = c
-        s2 = s
-    xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
-    if ROPE == 2:  # ROPE_ROUNDED
-        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST)
-    else:
-        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s2, SOFT_CAST), x_ptr,
-                            SOFT_CAST).to(tl.float32)
-        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c2, SOFT_CAST), x_ptr,
-                            SOFT_CAST).to(tl.float32)
-    out = tl.reshape(tl.join(oe, oo), [ROWS, DP])
-    if ROPE_RANGE:
-        tok = row0 + loc
-        inr = (tok >= rope_lo) & (tok < rope_lo + rope_n)
-        out = tl.where(inr[:, None], out, x)
-    return out
-
-
-@triton.jit
 def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask,
                 rope_lo, rope_n,
                 DP: tl.constexpr, ROWS: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
@@ -145,7 +86,7 @@ def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask
     products and sums rounded once to x's dtype, each product rounded on its own (``mul_rn``)
     as torch rounds it. ``ROPE_ROUNDED``: bf16 tables and inputs, each product and sum rounded
     to bf16 (torch's element-wise ops on bf16 tensors: a model cast to bf16 casts its rotary
-    buffers too), in the fp32 bits (``round_to_bf16_grid``).
+    buffers too), rounded by ``cvt.rn.bf16x2.f32`` in inline PTX (``rotate_pair_bf16``).
 
     ``ROPE_RANGE``: only tokens ``rope_lo .. rope_lo + rope_n`` turn (table row = token -
     ``rope_lo``); the others keep their values.
@@ -153,10 +94,36 @@ def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask
     Q's LSE correction (q . mean K) may differ from the unfused path's in its last bits: the
     rotated tile's register layout changes the order of that sum (run s19-3).
     """
-    c, s, c2, s2 = _rope_rows(cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, row0, loc, rmask,
-                              rope_lo, rope_n, DP, HALF_D, ROPE, ROPE_RANGE)
-    return _rope_turn(x, c, s, c2, s2, x_ptr, row0, loc, rope_lo, rope_n, DP, ROWS, ROPE,
-                      ROPE_RANGE, SOFT_CAST)
+    HALF: tl.constexpr = DP // 2
+    i = tl.arange(0, HALF)
+    tok = row0 + loc
+    if ROPE_RANGE:
+        inr = (tok >= rope_lo) & (tok < rope_lo + rope_n)
+        m = (rmask & inr)[:, None] & (i < HALF_D)[None, :]
+        at = (tok - rope_lo)[:, None] * HALF_D + i[None, :]
+    else:
+        m = rmask[:, None] & (i < HALF_D)[None, :]
+        at = tok[:, None] * HALF_D + i[None, :]
+    c = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
+    if ROPE == 3:  # ROPE_FOUR
+        c2 = tl.load(cos2_ptr + at, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(sin2_ptr + at, mask=m, other=0.0).to(tl.float32)
+    else:
+        c2 = c
+        s2 = s
+    xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
+    if ROPE == 2:  # ROPE_ROUNDED (a product of two bf16 values is exact in fp32)
+        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST)
+    else:
+        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s2, SOFT_CAST), x_ptr,
+                            SOFT_CAST).to(tl.float32)
+        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c2, SOFT_CAST), x_ptr,
+                            SOFT_CAST).to(tl.float32)
+    out = tl.reshape(tl.join(oe, oo), [ROWS, DP])
+    if ROPE_RANGE:
+        out = tl.where(inr[:, None], out, x)
+    return out
 
 
 @triton.jit
@@ -234,8 +201,7 @@ def kv_channel_stats_kernel(
     better, run s12-5).
 
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded; heads first in the grid
-    (``_block_and_head``). With ``PREFETCH`` the table rows are asked for a sub-tile ahead
-    with K's: loaded at use, each 4-row step waited for their latency.
+    (``_block_and_head``).
     """
     c, h, Hkv = _block_and_head(ROPE != 0)
     b = tl.program_id(2)
@@ -259,10 +225,6 @@ def kv_channel_stats_kernel(
         if PREFETCH:
             k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
                                         offs_d, dmask, loc)
-            if ROPE:  # the table rows travel with K's: asked for a sub-tile ahead too
-                c_nxt, s_nxt, c2_nxt, s2_nxt = _rope_rows(
-                    cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, t0, loc, t0 + loc < end, rope_lo,
-                    rope_n, DP, HALF_D, ROPE, ROPE_RANGE)
         for j in range(0, CHUNK, KB):
             if KBLK > 0:
                 kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
@@ -275,25 +237,15 @@ def kv_channel_stats_kernel(
                     v = v_nxt
                     k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
                                                 t0 + i + SUB, end, offs_d, dmask, loc)
-                    if ROPE:
-                        c_r, s_r, c2_r, s2_r = c_nxt, s_nxt, c2_nxt, s2_nxt
-                        c_nxt, s_nxt, c2_nxt, s2_nxt = _rope_rows(
-                            cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, t0 + i + SUB, loc,
-                            t0 + i + SUB + loc < end, rope_lo, rope_n, DP, HALF_D, ROPE,
-                            ROPE_RANGE)
                 else:
                     k, v = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + i, k_len,
                                         offs_d, dmask, loc)
-                    if ROPE:
-                        c_r, s_r, c2_r, s2_r = _rope_rows(
-                            cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, t0 + i, loc,
-                            t0 + i + loc < k_len, rope_lo, rope_n, DP, HALF_D, ROPE,
-                            ROPE_RANGE)
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
                 if ROPE:
-                    k = _rope_turn(k, c_r, s_r, c2_r, s2_r, k_ptr, t0 + i, loc, rope_lo,
-                                   rope_n, DP, SUB, ROPE, ROPE_RANGE, SOFT_CAST)
+                    k = _rope_pairs(k, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, k_ptr, t0 + i,
+                                    loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
+                                    HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
                 ksum += finite_or(k, 0.0)
                 vsum += finite_or(v, 0.0)
                 vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
