@@ -108,6 +108,46 @@ def main() -> int:
             bad, runs = bad + (not ok), runs + 1
             print(f"key padding, lengths on the {where}, S={S} D={D} kept={lens} splits=3: "
                   f"worst rel_l1 {worst:.4f} {'ok' if ok else 'BAD'}")
+    # the rotary embedding fused into the quantization (fp8dit.rope): table rows read per token
+    # (masked at the sequence's end and, with a range, outside it), padded head dims (a half
+    # row of 36 of the tables' 64 columns), both styles, split pieces, a key mask
+    from fp8dit.rope import Rotary, apply_rotary, rope_tables
+
+    for S, D, style, dtype, start, rows, splits in (
+            (113, 72, "wan", torch.bfloat16, 0, 113, 3),
+            (1000, 128, "wan", torch.float32, 0, 1000, 1),
+            (113, 64, "apply_rotary_emb", torch.float32, 17, 80, 3),
+            (1000, 72, "apply_rotary_emb", torch.float32, 0, 990, 3)):
+        q, k, v = make_qkv(2, 3, S, D, device=DEV, seed=S + D, layout="NHD")
+        ang = torch.rand(rows, D // 2, device=DEV).mul(20.0).repeat_interleave(2, -1)
+        rot = Rotary(ang.cos().to(dtype), ang.sin().to(dtype), start, style)
+        qr, kr = (apply_rotary(t, rot.cos, rot.sin, "NHD", start, style) for t in (q, k))
+        out = fp8dit.attention(q, k, v, backend="fp8", num_splits=splits, rotary=rot)
+        st = error_stats(out, attention_ref(qr, kr, v, layout="NHD"))
+        ok = st.rel_l1 <= 0.07 and not st.nan
+        bad, runs = bad + (not ok), runs + 1
+        print(f"rotary {style} {str(dtype)[6:]} tables, tokens {start}..{start + rows} of "
+              f"S={S} D={D} splits={splits}: {st} {'ok' if ok else 'BAD'}")
+    S, D, lens = 300, 72, [299, 13]
+    q, k, v = make_qkv(len(lens), 3, S, D, device=DEV, seed=7, layout="NHD")
+    ang = torch.rand(S, D // 2, device=DEV).mul(20.0).repeat_interleave(2, -1)
+    rot = Rotary(ang.cos(), ang.sin())
+    kg = k.clone()
+    for b, n in enumerate(lens):
+        kg[b, n:] = float("nan")
+    mask = (torch.arange(S, device=DEV)[None, :]
+            < torch.tensor(lens, device=DEV)[:, None])[:, None, None, :]
+    out, _, why = kp.key_padding_attention(q, kg, v, mask, scale=D ** -0.5,
+                                           recipe=get_recipe(None), return_lse=False,
+                                           num_splits=3, rope=rope_tables(rot))
+    qr, kr = (apply_rotary(t, rot.cos, rot.sin) for t in (q, k))
+    worst = max(error_stats(out[b:b + 1], attention_ref(qr[b:b + 1], kr[b:b + 1, :n],
+                                                         v[b:b + 1, :n], layout="NHD")).rel_l1
+                for b, n in enumerate(lens))
+    ok = why is None and worst <= 0.07 and bool(torch.isfinite(out).all())
+    bad, runs = bad + (not ok), runs + 1
+    print(f"rotary with key padding S={S} D={D} kept={lens} splits=3: worst rel_l1 "
+          f"{worst:.4f} {'ok' if ok else 'BAD'}")
     torch.cuda.synchronize()
     print(f"{runs - bad} passed, {bad} failed")
     return 1 if bad else 0

@@ -14,7 +14,7 @@ import torch
 from . import dispatch, env
 from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import RECIPES, Recipe, get_recipe
-from .rope import apply_rope, check_rotary, fused_rotary, rope_tables
+from .rope import check_rotary, fused_rotary, rope_tables, rotate_first
 from .sdpa import sdpa_attention, sdpa_attention_varlen
 
 LAYOUTS = ("NHD", "HND")
@@ -222,7 +222,7 @@ def attention(
         if name == "fp8" and fused_rotary(q, rot, rec):  # else SDPA or unfusable
             rope, start = rope_tables(rot), rot.start
         else:
-            q, k = (apply_rope(t, rope_tables(rot), rot.start, layout) for t in (q, k))
+            q, k = rotate_first(q, k, rope_tables(rot), rot.start, layout)
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_fp8(

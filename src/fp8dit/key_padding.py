@@ -46,7 +46,7 @@ from .kernels.mask_stats import (
 )
 from .launch import fp8_attention_fwd, plan_for
 from .recipes import Recipe
-from .rope import apply_rope
+from .rope import rotate_first
 from .sdpa import sdpa_attention
 
 # Masks whose lengths were read: id(mask) -> (weak reference, version, result). Bounded: a
@@ -278,7 +278,7 @@ def key_padding_attention(q, k, v, mask, *, scale: float, recipe: Recipe, return
         if mask.dim() == 2 and tuple(mask.shape) == (B, Sk):  # diffusers' [B, Sk] convention
             mask = mask[:, None, None, :]
         if rope is not None:
-            q, k = (apply_rope(t, rope, rope_start) for t in (q, k))
+            q, k = rotate_first(q, k, rope, rope_start)
         out, lse = sdpa_attention(q, k, v, layout="NHD", scale=scale, is_causal=False,
                                   return_lse=return_lse, attn_mask=mask)
         return out, lse, reason

@@ -152,6 +152,13 @@ def apply_rope(x: torch.Tensor, tables: torch.Tensor, start: int = 0,
     return out
 
 
+def rotate_first(q: torch.Tensor, k: torch.Tensor, tables: torch.Tensor, start: int = 0,
+                 layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` rotated by :func:`rope_tables` ``tables`` in torch (:func:`apply_rope`):
+    what every path that does not fuse the rotation runs first."""
+    return apply_rope(q, tables, start, layout), apply_rope(k, tables, start, layout)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  layout: str = "NHD", start: int = 0, style: str = "wan") -> torch.Tensor:
     """``x`` rotated by ``[rows, D]`` tables (or diffusers' ``[1, rows, 1, D]``) from token

@@ -52,7 +52,7 @@ from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..launch import kernel_for
-from ..rope import apply_rope, check_rotary, fused_rotary, rope_tables
+from ..rope import check_rotary, fused_rotary, rope_tables, rotate_first
 
 BACKEND_NAME = "fp8dit"
 TORCH_SDPA = "torch-sdpa"  # layer_backends' name for layers that bypass diffusers' dispatcher
@@ -132,8 +132,7 @@ def _rotated(query, key, rotary):
     """q and k rotated first (diffusers' arithmetic): for paths that do not fuse it."""
     if rotary is None:
         return query, key
-    tables = rope_tables(rotary)
-    return (apply_rope(t, tables, rotary.start) for t in (query, key))
+    return rotate_first(query, key, rope_tables(rotary), rotary.start)
 
 
 def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse, rotary=None):
