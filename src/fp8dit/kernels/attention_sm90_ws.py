@@ -237,9 +237,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
                         ABLATE_MISC: gl.constexpr = 0, ones_t=None, zero_l=None,
-                        ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None,
-                        turn=None, n_turns=0, kv_lo=0, kv_hi=0, wg: gl.constexpr = 0,
-                        PINGPONG: gl.constexpr = False):
+                        ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -259,17 +257,9 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     equal: P's row sums come from two N=8 dots of the fp8 P with ``ones_t`` (8 wgmma
     instructions instead of 128 FADDs and the row reduction), and are the sums of the very
     fp8 P the PV dots weigh V with.
-    ``PINGPONG``: the two warpgroups take turns at the tensor cores (``turn`` barriers): a
-    warpgroup's turn covers its PV dots of block kb and its QK dots of block kb + 1 (the item's
-    first QK dots and last PV dots alone), so one warpgroup's dots run under the other's
-    softmax instead of both softmaxes contending for the same MUFU and issue slots at once.
-    Returns ``n_turns`` too (a 4-tuple).
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    if PINGPONG:
-        if kb == kv_lo:  # the item's first dots; later ones ride on the previous PV's turn
-            n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
     # ABLATE_MISC (timing only, wrong results): 1 = no magic preset of the QK accumulators,
     # 2 = no fold of the block's PV sum into the fp32 sum
     sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
@@ -278,12 +268,10 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
                            _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
                            is_async=True)
-    _pass_turn(turn, wg, PINGPONG)
     m_new, l_new, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
         BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
         not ROWSUM_DOT)
-    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)
@@ -319,10 +307,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
     mbarrier.arrive(kv_empty.index(slot))
-    if PINGPONG:
-        if kb == kv_hi - 1:  # no QK dots follow in this item: hand the turn over now
-            _pass_turn(turn, wg, PINGPONG)
-    return m_new, l_new, acc_m, n_turns
+    return m_new, l_new, acc_m
 
 
 @gluon.jit
@@ -426,20 +411,18 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
             acc = zero_o
             hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo)
             for kb in range(kv_lo, hi_main):
-                m_i, l_i, acc, n_turns = _consumer_step_wide(
+                m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout,
-                    turn, n_turns, kv_lo, kv_hi, wg, PINGPONG)
+                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
-                m_i, l_i, acc, n_turns = _consumer_step_wide(
+                m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout,
-                    turn, n_turns, kv_lo, kv_hi, wg, PINGPONG)
+                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout)
                 cnt += 1
             if ROWSUM_DOT:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
