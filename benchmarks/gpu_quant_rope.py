@@ -78,8 +78,9 @@ def _same(a, b):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prev", action="append", required=True,
-                    help="NAME=FILE: a variant's kernels/quantize.py (repeatable)")
+    ap.add_argument("--prev", action="append", default=[],
+                    help="NAME=FILE: a variant's kernels/quantize.py (repeatable; one that reads "
+                         "the tables in another form than this tree's rope_tables cannot run)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if not torch.cuda.is_available():

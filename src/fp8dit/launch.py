@@ -360,13 +360,12 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
                    and not recipe.rotate and not tensor_scales)
     n_prog = qbn // kv_rows if kamax_stats else 1
     rope_mode, rope_args = ROPE_NONE, {}
-    if rope is not None:  # fp8dit.rope.rope_tables: [2 or 4, rows, D / 2]
-        four = rope.shape[0] == 4
-        rope_mode = (ROPE_FOUR if four else ROPE_FP32 if rope.dtype == torch.float32
+    if rope is not None:  # fp8dit.rope.rope_tables: [2, rows, D / 2] (Wan) or [2, rows, D]
+        whole = rope.shape[2] == D  # apply_rotary_emb's whole cos and sin rows
+        rope_mode = (ROPE_FOUR if whole else ROPE_FP32 if rope.dtype == torch.float32
                      else ROPE_ROUNDED)
-        rope_args = dict(cos_ptr=rope[0], sin_ptr=rope[1], cos2_ptr=rope[2] if four else None,
-                         sin2_ptr=rope[3] if four else None, rope_lo=rope_start,
-                         rope_n=rope.shape[1], HALF_D=rope.shape[2], ROPE=rope_mode,
+        rope_args = dict(cos_ptr=rope[0], sin_ptr=rope[1], rope_lo=rope_start,
+                         rope_n=rope.shape[1], HALF_D=D // 2, ROPE=rope_mode,
                          ROPE_RANGE=rope_start > 0 or rope.shape[1] < max(key.q_lens))
 
     def grid(blocks, heads):  # with rope, heads first: they share the table's rows in L2

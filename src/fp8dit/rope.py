@@ -121,34 +121,39 @@ def fused_rotary(q: torch.Tensor, rotary: Rotary, recipe) -> bool:
 
 
 def rope_tables(rotary: Rotary) -> torch.Tensor:
-    """The ``[C, rows, D / 2]`` table the kernels read, only the columns the rotation uses:
-    output 2i is ``x[2i] * T[0] - x[2i + 1] * T[C - 1]``, output 2i + 1 is
-    ``x[2i] * T[1] + x[2i + 1] * T[C - 2]``. Wan (C = 2): ``cos[:, 0::2]``,
-    ``sin[:, 1::2]``; ``apply_rotary_emb`` (C = 4): those, then ``cos[:, 1::2]``,
-    ``sin[:, 0::2]``."""
+    """The ``[2, rows, W]`` table the kernels read, only what the rotation uses. Wan
+    (``W = D / 2``): ``cos[:, 0::2]`` and ``sin[:, 1::2]``; output 2i is ``x[2i] * T[0][i] -
+    x[2i + 1] * T[1][i]``, output 2i + 1 is ``x[2i] * T[1][i] + x[2i + 1] * T[0][i]``.
+    ``apply_rotary_emb`` (``W = D``): the whole cos and sin rows, as the kernels load x (its
+    four columns per pair as two half-width tables each would be a layout conversion per
+    load); output 2i is ``x[2i] * cos[2i] - x[2i + 1] * sin[2i]``, output 2i + 1 is ``x[2i] *
+    sin[2i + 1] + x[2i + 1] * cos[2i + 1]``."""
     cos, sin = rotary.cos, rotary.sin
     if rotary.style == "wan":
         return torch.stack((cos[:, 0::2], sin[:, 1::2]))
-    return torch.stack((cos[:, 0::2], sin[:, 1::2], cos[:, 1::2], sin[:, 0::2]))
+    return torch.stack((cos, sin))
 
 
 def apply_rope(x: torch.Tensor, tables: torch.Tensor, start: int = 0,
                layout: str = "NHD") -> torch.Tensor:
     """``x`` (``[B, S, H, D]``, or ``[B, H, S, D]`` with ``layout="HND"``) with tokens
     ``start .. start + rows`` rotated by :func:`rope_tables` ``tables``, in the arithmetic of
-    their style (module docstring); a new tensor."""
-    C, n, half = tables.shape
+    their style (module docstring; whole rows, ``W = D``, are ``apply_rotary_emb``'s); a new
+    tensor."""
+    _, n, w = tables.shape
     seq = 1 if layout == "NHD" else 2
-    shape = (1, n, 1, half) if layout == "NHD" else (1, 1, n, half)
-    t = [tables[i].view(shape) for i in range(C)]
+    shape = (1, n, 1, w) if layout == "NHD" else (1, 1, n, w)
+    cos, sin = (tables[i].view(shape) for i in range(2))
     xe, xo = x.narrow(seq, start, n).unflatten(-1, (-1, 2)).unbind(-1)
-    if C == 4:  # apply_rotary_emb: x.float() * cos + rotated(x).float() * sin, in fp32
-        xe, xo = xe.float(), xo.float()
-        t = [c.float() for c in t]
     out = torch.empty_like(x) if start == 0 and n == x.shape[seq] else x.clone()
     rot = out.narrow(seq, start, n)
-    rot[..., 0::2] = xe * t[0] - xo * t[C - 1]
-    rot[..., 1::2] = xe * t[1] + xo * t[C - 2]
+    if w == x.shape[-1]:  # apply_rotary_emb: x.float() * cos + rotated(x).float() * sin, fp32
+        xe, xo, cos, sin = xe.float(), xo.float(), cos.float(), sin.float()
+        rot[..., 0::2] = xe * cos[..., 0::2] - xo * sin[..., 0::2]
+        rot[..., 1::2] = xe * sin[..., 1::2] + xo * cos[..., 1::2]
+    else:
+        rot[..., 0::2] = xe * cos - xo * sin
+        rot[..., 1::2] = xe * sin + xo * cos
     return out
 
 

@@ -5,8 +5,8 @@
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4] [--prefetch 1]
 
 ``--rope 1`` / ``--rope 2``: with Wan's rotary embedding fused in (fp32 / bf16 tables);
-``--rope 3``: diffusers' ``apply_rotary_emb`` (four fp32 columns); ``--rope-range``: tokens
-outside the tables' rows left as they are (HunyuanVideo's and CogVideoX's text).
+``--rope 3``: diffusers' ``apply_rotary_emb`` (whole fp32 cos and sin rows); ``--rope-range``:
+tokens outside the tables' rows left as they are (HunyuanVideo's and CogVideoX's text).
 
 Compiles one kernel with the constexprs of the warp-specialized path at Wan 720p and the
 specializations a launch gets (pointers and the named integers divisible by 16, unit strides
@@ -65,10 +65,8 @@ def main() -> int:
     bf16_in = dict(k_ptr="*bf16", v_ptr="*bf16", q_ptr="*bf16", seq_ptr="*i32",
                    k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", rot_ptr="*i32",
                    k8lo_ptr="*i8", q8lo_ptr="*i8", sm_scale="fp32", sm_scale_log2="fp32",
-                   **{n: "*bf16" if a.rope == 2 else "*fp32"
-                      for n in ("cos_ptr", "sin_ptr", "cos2_ptr", "sin2_ptr")})
-    rope = dict(ROPE=a.rope, HALF_D=a.dp // 2, ROPE_RANGE=a.rope_range,
-                **({} if a.rope == 3 else dict(cos2_ptr=None, sin2_ptr=None)))
+                   **{n: "*bf16" if a.rope == 2 else "*fp32" for n in ("cos_ptr", "sin_ptr")})
+    rope = dict(ROPE=a.rope, HALF_D=a.dp // 2, ROPE_RANGE=a.rope_range)
     if a.kernel == "kv":
         const = dict(DP=a.dp, BLOCK_N=a.rows, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, PV_BF16=False, ROTATE=False, KV_PERM16=True,

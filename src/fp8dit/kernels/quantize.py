@@ -61,7 +61,8 @@ N_STATS = 4
 
 # Rotary position embedding fused into the loads (``ROPE``): 0 none; 1 Wan's with fp32 tables,
 # rounded once to the input's dtype; 2 Wan's with bf16 tables and inputs, every product and sum
-# rounded to bf16; 3 diffusers' apply_rotary_emb (four table columns, fp32 math, one rounding).
+# rounded to bf16; 3 diffusers' apply_rotary_emb (whole cos and sin rows: four table columns per
+# pair, fp32 math, one rounding).
 ROPE_NONE = 0
 ROPE_FP32 = 1
 ROPE_ROUNDED = 2
@@ -69,8 +70,7 @@ ROPE_FOUR = 3
 
 
 @triton.jit
-def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask,
-                rope_lo, rope_n,
+def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
                 DP: tl.constexpr, ROWS: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
                 ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
     """Rows ``row0 + loc`` of one head (``x``: fp32 [ROWS, DP], zeros where masked) rotated
@@ -78,15 +78,19 @@ def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask
     arithmetic and with the same roundings, so the quantization sees bitwise the tensor
     diffusers would have passed (and no rotated copy is written or read back).
 
-    Output 2i is ``x[2i] * cos_ptr - x[2i+1] * sin2_ptr``, output 2i+1 is
-    ``x[2i] * sin_ptr + x[2i+1] * cos2_ptr``, each table holding ``HALF_D`` values per token
-    (``rope.rope_tables``; Wan's has two columns: ``cos2_ptr`` is ``cos_ptr`` and ``sin2_ptr``
-    is ``sin_ptr``). A constant row length lets the loads go 16 bytes at a time (a runtime one
-    made them 2-byte loads, sm_90 SASS of triton 3.9). ``ROPE_FP32`` / ``ROPE_FOUR``: fp32
-    products and sums rounded once to x's dtype, each product rounded on its own (``mul_rn``)
-    as torch rounds it. ``ROPE_ROUNDED``: bf16 tables and inputs, each product and sum rounded
-    to bf16 (torch's element-wise ops on bf16 tensors: a model cast to bf16 casts its rotary
-    buffers too), rounded by ``cvt.rn.bf16x2.f32`` in inline PTX (``rotate_pair_bf16``).
+    Output 2i is ``x[2i] * c[i] - x[2i+1] * s2[i]``, output 2i+1 is ``x[2i] * s[i] + x[2i+1] *
+    c2[i]`` (``rope.rope_tables``). Wan (``ROPE_FP32``, ``ROPE_ROUNDED``): tables of ``HALF_D``
+    values per token, c = cos[2i] = c2, s = sin[2i+1] = s2. ``ROPE_FOUR``: whole rows of cos
+    and sin (``2 * HALF_D`` values per token) loaded as x is and split as x is into their even
+    and odd columns, c = cos[2i], c2 = cos[2i+1], s2 = sin[2i], s = sin[2i+1]: four half-width
+    tables loaded on their own made each a layout conversion through shared memory (sm_90
+    SASS of triton 3.6, quantize_q: 15 barriers against 5, 116 registers against 80).
+    A constant row length lets the loads go 16 bytes at a time (a runtime one made them
+    2-byte loads, sm_90 SASS of triton 3.9). ``ROPE_FP32`` / ``ROPE_FOUR``: fp32 products and
+    sums rounded once to x's dtype, each product rounded on its own (``mul_rn``) as torch
+    rounds it. ``ROPE_ROUNDED``: bf16 tables and inputs, each product and sum rounded to bf16
+    (torch's element-wise ops on bf16 tensors: a model cast to bf16 casts its rotary buffers
+    too), rounded by ``cvt.rn.bf16x2.f32`` in inline PTX (``rotate_pair_bf16``).
 
     ``ROPE_RANGE``: only tokens ``rope_lo .. rope_lo + rope_n`` turn (table row = token -
     ``rope_lo``); the others keep their values.
@@ -95,21 +99,28 @@ def _rope_pairs(x, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, x_ptr, row0, loc, rmask
     rotated tile's register layout changes the order of that sum (run s19-3).
     """
     HALF: tl.constexpr = DP // 2
-    i = tl.arange(0, HALF)
     tok = row0 + loc
     if ROPE_RANGE:
         inr = (tok >= rope_lo) & (tok < rope_lo + rope_n)
-        m = (rmask & inr)[:, None] & (i < HALF_D)[None, :]
-        at = (tok - rope_lo)[:, None] * HALF_D + i[None, :]
+        rm = rmask & inr
+        row = tok - rope_lo
     else:
-        m = rmask[:, None] & (i < HALF_D)[None, :]
-        at = tok[:, None] * HALF_D + i[None, :]
-    c = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
+        rm = rmask
+        row = tok
     if ROPE == 3:  # ROPE_FOUR
-        c2 = tl.load(cos2_ptr + at, mask=m, other=0.0).to(tl.float32)
-        s2 = tl.load(sin2_ptr + at, mask=m, other=0.0).to(tl.float32)
+        j = tl.arange(0, DP)
+        m = rm[:, None] & (j < 2 * HALF_D)[None, :]
+        at = row[:, None] * (2 * HALF_D) + j[None, :]
+        c, c2 = tl.split(tl.reshape(tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32),
+                                    [ROWS, HALF, 2]))
+        s2, s = tl.split(tl.reshape(tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32),
+                                    [ROWS, HALF, 2]))
     else:
+        i = tl.arange(0, HALF)
+        m = rm[:, None] & (i < HALF_D)[None, :]
+        at = row[:, None] * HALF_D + i[None, :]
+        c = tl.load(cos_ptr + at, mask=m, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + at, mask=m, other=0.0).to(tl.float32)
         c2 = c
         s2 = s
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
@@ -181,7 +192,7 @@ def kv_channel_stats_kernel(
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
     PREFETCH: tl.constexpr = False,
-    cos_ptr=None, sin_ptr=None, cos2_ptr=None, sin2_ptr=None, rope_lo=0, rope_n=0,
+    cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     SOFT_CAST: tl.constexpr = False,
 ):
@@ -243,7 +254,7 @@ def kv_channel_stats_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
                 if ROPE:
-                    k = _rope_pairs(k, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, k_ptr, t0 + i,
+                    k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i,
                                     loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
                                     HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
                 ksum += finite_or(k, 0.0)
@@ -349,7 +360,7 @@ def quantize_kv_kernel(
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
-    cos_ptr=None, sin_ptr=None, cos2_ptr=None, sin2_ptr=None, rope_lo=0, rope_n=0,
+    cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
     """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
@@ -406,7 +417,7 @@ def quantize_kv_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROPE:
-            k = _rope_pairs(k, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, k_ptr, blk * BLOCK_N,
+            k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
                             loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
                             SOFT_FP8_CAST)
         if KV_PERM16:
@@ -494,7 +505,7 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    cos_ptr=None, sin_ptr=None, cos2_ptr=None, sin2_ptr=None, rope_lo=0, rope_n=0,
+    cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
     """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
@@ -531,7 +542,7 @@ def quantize_q_kernel(
             mask=m, other=0.0,
         ).to(tl.float32)
         if ROPE:
-            q = _rope_pairs(q, cos_ptr, sin_ptr, cos2_ptr, sin2_ptr, q_ptr, blk * BLOCK_M,
+            q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
                             loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE, ROPE_RANGE,
                             SOFT_FP8_CAST)
         if ROTATE:
