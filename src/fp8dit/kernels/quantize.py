@@ -96,7 +96,8 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
     ``rope_lo``); the others keep their values.
 
     Q's LSE correction (q . mean K) may differ from the unfused path's in its last bits: the
-    rotated tile's register layout changes the order of that sum (run s19-3).
+    rotated tile's register layout changes the order of that sum (run s19-3; since the whole
+    rows of ``ROPE_FOUR``, with Wan's fp32 tables only, run s21-9).
     """
     HALF: tl.constexpr = DP // 2
     tok = row0 + loc
