@@ -63,6 +63,13 @@ def stage_run(preset, rec, layout="HND"):
                              k, st, v, st, kv_perm16=True)
 
 
+def same_bits(a, b) -> dict:
+    """Per workspace buffer (``WS_NAMES``): whether two quantization workspaces hold the same
+    bytes."""
+    return {n: torch.equal(getattr(a, n).view(torch.uint8), getattr(b, n).view(torch.uint8))
+            for n in WS_NAMES}
+
+
 def _use(kernels):
     for name in KERNELS:
         setattr(launch, name, kernels[name])
@@ -103,9 +110,8 @@ def main() -> int:
         for impl in ("prev", "new"):
             _use(impls[impl])
             prof[impl] = _profile(run)
-        same = {n: torch.equal(getattr(wss["prev"], n).view(torch.uint8),
-                               getattr(wss["new"], n).view(torch.uint8)) for n in WS_NAMES}
-        record(part="quant", preset=name, ms=ms, per_kernel_ms=prof, bitwise_equal=same)
+        record(part="quant", preset=name, ms=ms, per_kernel_ms=prof,
+               bitwise_equal=same_bits(wss["prev"], wss["new"]))
         _use(impls["new"])
         del run, wss
         torch.cuda.empty_cache()

@@ -33,7 +33,7 @@ from fp8dit.testing import make_qkv
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_gluon import record, record_env, write_rows  # noqa: E402
-from gpu_quant_ab import KERNELS, WS_NAMES, _load_prev, _profile, _use  # noqa: E402
+from gpu_quant_ab import KERNELS, _load_prev, _profile, _use, same_bits  # noqa: E402
 from gpu_quant_warps import time_ms  # noqa: E402
 
 # name: (B, H, S, D, style, table dtype, first rotated token)
@@ -71,11 +71,6 @@ def case_runs(name, rec, device="cuda"):
             functools.partial(run, qr, st, kr, st, v, st))
 
 
-def _same(a, b):
-    return {n: torch.equal(getattr(a, n).view(torch.uint8), getattr(b, n).view(torch.uint8))
-            for n in WS_NAMES}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prev", action="append", default=[],
@@ -108,9 +103,9 @@ def main() -> int:
             for path, run in runs.items():
                 prof[f"{impl}-{path}"] = _profile(run)
         record(part="quant-rope", case=name, ms=ms, per_kernel_ms=prof,
-               new_vs_variant_rope={i: _same(wss["new", "rope"], wss[i, "rope"])
+               new_vs_variant_rope={i: same_bits(wss["new", "rope"], wss[i, "rope"])
                                     for i in impls if i != "new"},
-               rope_vs_plain=_same(wss["new", "rope"], wss["new", "plain"]))
+               rope_vs_plain=same_bits(wss["new", "rope"], wss["new", "plain"]))
         _use(impls["new"])
         del runs, wss
         torch.cuda.empty_cache()

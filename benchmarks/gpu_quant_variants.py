@@ -22,7 +22,7 @@ from fp8dit.recipes import get_recipe
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_gluon import record, record_env, write_rows  # noqa: E402
-from gpu_quant_ab import PRESETS, WS_NAMES, _profile, stage_run  # noqa: E402
+from gpu_quant_ab import PRESETS, _profile, same_bits, stage_run  # noqa: E402
 from gpu_quant_warps import time_ms  # noqa: E402
 
 # name -> launch attributes to set (dict entries are merged into the dicts)
@@ -82,10 +82,8 @@ def main() -> int:
         for n in names:
             _use(defaults, n)
             ws = run()
-            same = all(torch.equal(getattr(ref, w).view(torch.uint8),
-                                   getattr(ws, w).view(torch.uint8)) for w in WS_NAMES)
             record(part="quant", preset=preset, variant=n, ms=ms[n],
-                   per_kernel_ms=_profile(run), bitwise_equal=same)
+                   per_kernel_ms=_profile(run), bitwise_equal=all(same_bits(ref, ws).values()))
             del ws
         _use(defaults, "base")
         del run, ref
