@@ -80,8 +80,50 @@ def part_sweep():
                    max_rel_resid=float(np.max(np.abs(resid) / y)), n=len(pts))
 
 
+# Fewer programs than SMs: the busiest program's time per kv step. If the full-width step at
+# D=128 (~2.2 us whatever the SM clock, 1,843-1,980 MHz in the sweep) is bound by the K/V feed
+# from L2 (64 KB per step and SM, ~3.9 TB/s for 132 SMs), it shortens when fewer SMs share that
+# feed; if it is bound inside the SM, it stays. D=64 (half the bytes per step) is the control.
+PROGRAM_SHAPES = [(1, 24, 32768, 128), (2, 48, 17776, 64)]
+PROGRAMS = (132, 112, 88, 66, 33)
+
+
+def part_programs():
+    import functools
+
+    from fp8dit import launch
+
+    dev = torch.device("cuda")
+    full = launch.plan_for
+    try:
+        for B, H, S, D in PROGRAM_SHAPES:
+            for n in PROGRAMS if D == 128 else (132, 66):
+                launch.plan_for = functools.partial(full, num_programs=n)
+                plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H,
+                                          num_kv_heads=H, head_dim=D, is_causal=False,
+                                          device=dev)
+                j = int(np.argmax(plan.program_loads))
+                steps = int(plan.program_loads[j])
+                rows = bench.bench_shape(
+                    parse_shape(f"{B},{H},{S},{D}"), ["fp8dit-kernel"], device=dev,
+                    recipe=None, layout="HND", family="normal", seed=0, n_sets=2, warmup=3,
+                    repeats=20, max_ms=1500.0, rounds=2)
+                r = rows[0]
+                if r.ms is None:
+                    record(part="programs", shape=[B, H, S, D], programs=n, error=r.error)
+                    continue
+                us = r.ms * 1e3 / steps
+                kv_bytes = 2 * plan.key.block_n * plan.head_dim_padded  # K and V^T, fp8
+                record(part="programs", shape=[B, H, S, D], programs=n, steps=steps,
+                       partials=plan.n_partials, ms=r.ms, mhz=r.sm_clock_mhz,
+                       us_per_step=us, clocks_per_step=us * r.sm_clock_mhz if r.sm_clock_mhz
+                       else None, kv_tb_per_s=n * kv_bytes / us / 1e6)
+    finally:
+        launch.plan_for = full
+
+
 def main() -> int:
-    return run_parts(globals(), "sweep")
+    return run_parts(globals(), "sweep,programs")
 
 
 if __name__ == "__main__":
