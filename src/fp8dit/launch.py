@@ -514,6 +514,9 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # ones (off: FADDs and a row reduction)
             ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
                             and cfg.get("sm90_p_regs", False)),
+            # 256-key steps: K and V of a ring slot on their own barriers (1: V waited for
+            # before the PV dots; 2: also K's half freed after the QK dots)
+            SPLIT_KV=cfg.get("sm90_split_kv", 0) if BN > 128 else 0,
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

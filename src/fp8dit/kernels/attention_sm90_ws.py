@@ -61,9 +61,9 @@ from .attention_sm90 import (
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
-              q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
-              DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr):
+              q_empty, v_full, v_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad,
+              group, DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, SPLIT_KV: gl.constexpr = 0):
     SUB_N: gl.constexpr = desc_k.block_type.shape[0]
     HALVES: gl.constexpr = BLOCK_N // SUB_N
     pid = gl.program_id(0)
@@ -84,13 +84,30 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
         _tma_load(desc_q, [q_row + BLOCK_M, 0], q_full, q_smem.index(1))
         for kb in range(kv_lo, kv_hi):
             slot = cnt % STAGES
-            mbarrier.wait(kv_empty.index(slot), ((cnt // STAGES) & 1) ^ 1)
+            free = ((cnt // STAGES) & 1) ^ 1
+            mbarrier.wait(kv_empty.index(slot), free)
             bar = kv_full.index(slot)
-            mbarrier.expect(bar, HALVES * (desc_k.block_type.nbytes + desc_v.block_type.nbytes))
-            for half in gl.static_range(HALVES):
-                col0 = kb * BLOCK_N + half * SUB_N
-                _tma_load(desc_k, [k_row0 + col0, 0], bar, k_bufs.index(slot * HALVES + half))
-                _tma_load(desc_v, [v_row, k_pad + col0], bar, v_bufs.index(slot * HALVES + half))
+            if SPLIT_KV:
+                # K first, on its own barrier: the QK dots start when K has landed, and V has
+                # the step's softmax to arrive in
+                mbarrier.expect(bar, HALVES * desc_k.block_type.nbytes)
+                for half in gl.static_range(HALVES):
+                    _tma_load(desc_k, [k_row0 + kb * BLOCK_N + half * SUB_N, 0], bar,
+                              k_bufs.index(slot * HALVES + half))
+                mbarrier.wait(v_empty.index(slot), free)
+                vbar = v_full.index(slot)
+                mbarrier.expect(vbar, HALVES * desc_v.block_type.nbytes)
+                for half in gl.static_range(HALVES):
+                    _tma_load(desc_v, [v_row, k_pad + kb * BLOCK_N + half * SUB_N], vbar,
+                              v_bufs.index(slot * HALVES + half))
+            else:
+                mbarrier.expect(bar, HALVES * (desc_k.block_type.nbytes
+                                               + desc_v.block_type.nbytes))
+                for half in gl.static_range(HALVES):
+                    col0 = kb * BLOCK_N + half * SUB_N
+                    _tma_load(desc_k, [k_row0 + col0, 0], bar, k_bufs.index(slot * HALVES + half))
+                    _tma_load(desc_v, [v_row, k_pad + col0], bar,
+                              v_bufs.index(slot * HALVES + half))
             cnt += 1
         it += 1
 
@@ -237,7 +254,8 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
                         ABLATE_MISC: gl.constexpr = 0, ones_t=None, zero_l=None,
-                        ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None):
+                        ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None,
+                        v_full=None, v_empty=None, SPLIT_KV: gl.constexpr = 0):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -272,6 +290,13 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
         BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
         not ROWSUM_DOT)
+    if SPLIT_KV:
+        if SPLIT_KV == 2:
+            # Every warp of this warpgroup is past both QK dots: K's half of the slot is free
+            # (the producer can refill it while this step's PV runs)
+            _cta_barrier()
+            mbarrier.arrive(kv_empty.index(slot))
+        mbarrier.wait(v_full.index(slot), (cnt // STAGES) & 1)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)
@@ -306,20 +331,24 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         acc_m = acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
-    mbarrier.arrive(kv_empty.index(slot))
+    if SPLIT_KV != 2:
+        mbarrier.arrive(kv_empty.index(slot))
+    if SPLIT_KV:
+        mbarrier.arrive(v_empty.index(slot))
     return m_new, l_new, acc_m
 
 
 @gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
-              turn, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
-              seq_ptr, work_ptr, work_indptr_ptr,
+              turn, v_full, v_empty, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr,
+              v_mean_ptr, seq_ptr, work_ptr, work_indptr_ptr,
               out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
               ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr, ROWSUM_DOT: gl.constexpr):
+              K_SUB: gl.constexpr, P_REGS: gl.constexpr, ROWSUM_DOT: gl.constexpr,
+              SPLIT_KV: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -415,14 +444,16 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout)
+                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout,
+                    v_full, v_empty, SPLIT_KV)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout)
+                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout,
+                    v_full, v_empty, SPLIT_KV)
                 cnt += 1
             if ROWSUM_DOT:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
@@ -531,7 +562,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False,
+    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False, SPLIT_KV: gl.constexpr = 0,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -555,26 +586,39 @@ def attention_fwd_sm90_ws_kernel(
         mbarrier.init(turn.index(i), count=1)
     mbarrier.init(q_full, count=1)
     mbarrier.init(q_empty, count=2)
+    # SPLIT_KV: V's own full/empty ring; kv_full/kv_empty then count K's half of a slot
+    gl.static_assert(SPLIT_KV == 0 or BLOCK_N == 2 * SUB_N, "split K/V barriers: 256-key steps")
+    if SPLIT_KV:
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
+    else:
+        v_full = kv_full
+        v_empty = kv_empty
 
     # The partitions' argument tuples are written out: building them once and prepending the
     # warpgroup index, `(0,) + args`, does not compile in Gluon (triton 3.6), nor does a
     # (function, args) pair held in a variable.
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     v_full, v_empty,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT)),
+                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, SPLIT_KV)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     v_full, v_empty,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
                      DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT)),
+                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, SPLIT_KV)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
-                     q_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad, group,
-                     DP, BLOCK_M, BLOCK_N, STAGES)),
+                     q_empty, v_full, v_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad,
+                     Tk_pad, group, DP, BLOCK_M, BLOCK_N, STAGES, SPLIT_KV)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -1,0 +1,99 @@
+"""One H200 call: K and V of a ring slot on their own barriers in the 256-key loop.
+
+    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed] [--out F]
+
+Why (session 22, runs s22-1/s22-2): at D=128 a 256-key step takes ~5% longer with all 132 SMs
+streaming K/V from L2 than with 33 (2.19 against 2.08 us at 1,980 MHz), and nothing at D=64
+(half the bytes). With one barrier per slot the consumers wait for K and V (64 KB) before the
+QK dots, and a slot is refilled only after both warpgroups' PV dots: one step (~2.2 us) for a
+transfer that, at the SM's share of the L2 stream (~30 GB/s), takes ~2 us plus latency.
+``sm90_split_kv=1``: K first on the slot's barrier, V on its own (``v_full``), waited for
+before the PV dots: V gets the step's softmax to land in. ``=2``: also K's half of the slot
+freed right after the QK dots (``_cta_barrier`` + arrive), so its refill starts a softmax
+earlier. FlashAttention-3 keeps separate K and V pipelines as well.
+Prediction: up to the ~5% at D=128 full width if the wait is the exposed transfer; nothing at
+D=64. Outputs must be bitwise the default's (only the synchronization changes).
+
+same:  outputs and LSE of each variant against the default, bitwise (D=128, D=64, split-KV,
+       varlen with an empty sequence, an odd length).
+check: gpu_gluon's 13 cases against fp64 under each variant.
+speed: Wan 720p, Wan 480p, HunyuanVideo, CogVideoX; cuDNN before and after.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import torch
+
+import fp8dit
+from fp8dit import launch
+from fp8dit.testing import make_qkv
+
+sys.path.insert(0, os.path.dirname(__file__))
+import gpu_gluon  # noqa: E402
+from gpu_gluon import record  # noqa: E402
+
+DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
+TILINGS = {
+    "default": ("gluon-ws", DEFAULT_TILES),
+    "split1": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1} for dp, t in DEFAULT_TILES.items()}),
+    "split2": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2} for dp, t in DEFAULT_TILES.items()}),
+    "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
+}
+use = functools.partial(gpu_gluon.use_tiling, TILINGS)
+VARIANTS = {t: functools.partial(use, t) for t in TILINGS}
+
+
+def part_same():
+    cases = [  # name, B, H, Sq/Sk, D, splits
+        ("d128-8k", 1, 4, 8192, 128, None), ("d64-8k", 1, 4, 8192, 64, None),
+        ("d128-odd", 2, 3, 9001, 128, None), ("d128-split3", 1, 2, 16384, 128, 3),
+        ("d64-split3", 1, 2, 16000, 64, 3),
+    ]
+    for name, B, H, S, D, splits in cases:
+        q, k, v = make_qkv(B, H, S, D, device="cuda", seed=5)
+        outs = {}
+        for t in ("default", "split1", "split2"):
+            use(t)
+            outs[t] = fp8dit.attention(q, k, v, backend="fp8", num_splits=splits,
+                                       return_lse=True)
+        use("triton")
+        o0, l0 = outs["default"]
+        record(part="same", case=name, **{
+            t: bool(torch.equal(o, o0) and torch.equal(lse, l0))
+            for t, (o, lse) in outs.items() if t != "default"})
+    lens = [300, 0, 20000, 129]
+    T, H, D = sum(lens), 4, 128
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    outs = {}
+    for t in ("default", "split1", "split2"):
+        use(t)
+        outs[t] = fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), backend="fp8")
+    use("triton")
+    record(part="same", case="varlen-empty", **{
+        t: bool(torch.equal(o, outs["default"])) for t, o in outs.items() if t != "default"})
+
+
+def part_check():
+    gpu_gluon.part_check(VARIANTS)
+
+
+def part_speed():
+    gpu_gluon.part_speed(["wan2.2-a14b-720p", "wan-480p", "hunyuanvideo-720p", "cogvideox-5b"],
+                         VARIANTS, ("default", "split1", "split2", "default", "split1",
+                                    "split2"))
+
+
+def main() -> int:
+    return gpu_gluon.run_parts(globals(), "same,check,speed",
+                               after_part=functools.partial(use, "triton"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
