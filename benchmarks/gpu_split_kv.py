@@ -1,6 +1,6 @@
 """One H200 call: K and V of a ring slot on their own barriers in the 256-key loop.
 
-    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed] [--out F]
+    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64] [--out F]
 
 Why (session 22, runs s22-1/s22-2): at D=128 a 256-key step takes ~5% longer with all 132 SMs
 streaming K/V from L2 than with 33 (2.19 against 2.08 us at 1,980 MHz), and nothing at D=64
@@ -18,6 +18,8 @@ same:  outputs and LSE of each variant against the default, bitwise (D=128, D=64
        varlen with an empty sequence, an odd length).
 check: gpu_gluon's 13 cases against fp64 under each variant.
 speed: Wan 720p, Wan 480p, HunyuanVideo, CogVideoX; cuDNN before and after.
+repeat: 10 calls bitwise equal with the default tiles (gpu_gluon.part_repeat).
+len64: D=64 at 8k / 12k / 32k tokens, split off and on (the default since run s22-4).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from gpu_gluon import record  # noqa: E402
 
 DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
 TILINGS = {
-    "default": ("gluon-ws", DEFAULT_TILES),
+    "default": ("gluon-ws", DEFAULT_TILES),  # since run s22-4: split 2 at D=64, 0 at D=128
+    "split0": ("gluon-ws", {dp: {**t, "sm90_split_kv": 0} for dp, t in DEFAULT_TILES.items()}),
     "split1": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1} for dp, t in DEFAULT_TILES.items()}),
     "split2": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2} for dp, t in DEFAULT_TILES.items()}),
     "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
@@ -56,7 +59,7 @@ def part_same():
     for name, B, H, S, D, splits in cases:
         q, k, v = make_qkv(B, H, S, D, device="cuda", seed=5)
         outs = {}
-        for t in ("default", "split1", "split2"):
+        for t in ("default", "split0", "split1", "split2"):
             use(t)
             outs[t] = fp8dit.attention(q, k, v, backend="fp8", num_splits=splits,
                                        return_lse=True)
@@ -72,7 +75,7 @@ def part_same():
                for _ in range(3))
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     outs = {}
-    for t in ("default", "split1", "split2"):
+    for t in ("default", "split0", "split1", "split2"):
         use(t)
         outs[t] = fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), backend="fp8")
     use("triton")
@@ -88,6 +91,37 @@ def part_speed():
     gpu_gluon.part_speed(["wan2.2-a14b-720p", "wan-480p", "hunyuanvideo-720p", "cogvideox-5b"],
                          VARIANTS, ("default", "split1", "split2", "default", "split1",
                                     "split2"))
+
+
+def part_repeat():
+    gpu_gluon.part_repeat(use, "default")
+
+
+# D=64 lengths where ``auto`` runs FP8 (from 8,192 keys), 48 heads as CogVideoX
+LENGTHS_64 = (8192, 12288, 32768)
+
+
+def part_len64():
+    from gpu_variants import bench, cudnn_fn, fp8_fn, rotated, tflops
+
+    for S in LENGTHS_64:
+        B, H, D = 1, 48, 64
+        sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
+        nxt = rotated(sets)
+        est = 4 * B * H * S * S * D / 500e12 * 1e3
+        cud = bench(cudnn_fn(nxt), est)
+        record(part="len64", S=S, backend="sdpa-cudnn", ms=cud)
+        for t in ("split0", "default", "split0", "default"):
+            use(t)
+            run = fp8_fn(nxt, None)
+            run()
+            torch.cuda.synchronize()
+            ms = bench(run, est)
+            record(part="len64", S=S, backend=f"fp8dit[{t}]", ms=ms,
+                   tflops=tflops(B, H, S, D, ms), vs_cudnn=cud / ms)
+        use("triton")
+        del sets
+        torch.cuda.empty_cache()
 
 
 def main() -> int:

@@ -147,6 +147,8 @@ def main(path: str) -> int:
                 extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
                 if extra and tiles.get("sm90_rowsum_dot"):
                     extra["ROWSUM_DOT"] = True
+                if tiles.get("sm90_split_kv"):
+                    extra = {**(extra or {}), "SPLIT_KV": tiles["sm90_split_kv"]}
                 for causal in ((False,) if block_n == 256 else (False, True)):
                     try:
                         rep = dict(ok=True, **gluon_attention_report(
