@@ -23,9 +23,17 @@ slower at D=64 (session 8). With ``ROWSUM_DOT`` (the default at both head dims, 
 registers) P's row sums come from two N=8 dots of those registers with a tile of ones instead
 of 128 FADDs and a row reduction per thread and step: +7% at D=128, +11% at D=64 (session 11).
 
+With ``SPLIT_KV`` (256-key steps; the default at D=64 only, ``launch.WS_TILES``) a slot's K and
+V have barriers of their own: the QK dots wait for K alone and the PV dots for V, and with
+``SPLIT_KV`` = 2 K's half of the slot is freed right after the QK dots. +3% at D=64, but 7-16%
+slower at D=128 at the same clock (benchmarks/NOTES.md, session 22).
+
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
-    kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count)
-    kv_empty[s]  consumers -> producer: both warpgroups are done with slot s (count 2)
+    kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count; with
+                 SPLIT_KV: K only)
+    kv_empty[s]  consumers -> producer: both warpgroups are done with slot s (count 2; with
+                 SPLIT_KV: with its K)
+    v_full[s], v_empty[s]  the same for V, with SPLIT_KV only
     q_full       producer -> consumers: this item's two Q halves landed
     q_empty      consumers -> producer: both warpgroups are done with the item's Q (count 2)
     turn[w]      the other warpgroup issued its dots: warpgroup w may issue next
