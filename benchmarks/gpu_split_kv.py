@@ -1,6 +1,6 @@
 """One H200 call: K and V of a ring slot on their own barriers in the 256-key loop.
 
-    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64] [--out F]
+    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64,stages] [--out F]
 
 Why (session 22, runs s22-1/s22-2): at D=128 a 256-key step takes ~5% longer with all 132 SMs
 streaming K/V from L2 than with 33 (2.19 against 2.08 us at 1,980 MHz), and nothing at D=64
@@ -44,6 +44,13 @@ TILINGS = {
     "split0": ("gluon-ws", {dp: {**t, "sm90_split_kv": 0} for dp, t in DEFAULT_TILES.items()}),
     "split1": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1} for dp, t in DEFAULT_TILES.items()}),
     "split2": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2} for dp, t in DEFAULT_TILES.items()}),
+    # ring depth with the split (part ``stages``): three / four stages, split 2 / 1
+    "split2-3st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2, "sm90_stages": 3}
+                                for dp, t in DEFAULT_TILES.items()}),
+    "split2-4st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2, "sm90_stages": 4 if dp == 64 else 3}
+                                for dp, t in DEFAULT_TILES.items()}),
+    "split1-3st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1, "sm90_stages": 3}
+                                for dp, t in DEFAULT_TILES.items()}),
     "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
 }
 use = functools.partial(gpu_gluon.use_tiling, TILINGS)
@@ -91,6 +98,17 @@ def part_speed():
     gpu_gluon.part_speed(["wan2.2-a14b-720p", "wan-480p", "hunyuanvideo-720p", "cogvideox-5b"],
                          VARIANTS, ("default", "split1", "split2", "default", "split1",
                                     "split2"))
+
+
+def part_stages():
+    """A deeper ring with the split: D=64 (CogVideoX) 2 / 3 / 4 stages; D=128 (Wan 480p) split
+    with 3 stages against the default's one barrier and 2 stages."""
+    gpu_gluon.part_speed(["cogvideox-5b"], VARIANTS,
+                         ("default", "split2-3st", "split2-4st", "default", "split2-3st",
+                          "split2-4st"))
+    gpu_gluon.part_speed(["wan-480p"], VARIANTS,
+                         ("default", "split2-3st", "split1-3st", "default", "split2-3st",
+                          "split1-3st"))
 
 
 def part_repeat():
