@@ -1,6 +1,6 @@
 """One H200 call: K and V of a ring slot on their own barriers in the 256-key loop.
 
-    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64,stages] [--out F]
+    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64,stages,late] [--out F]
 
 Why (session 22, runs s22-1/s22-2): at D=128 a 256-key step takes ~5% longer with all 132 SMs
 streaming K/V from L2 than with 33 (2.19 against 2.08 us at 1,980 MHz), and nothing at D=64
@@ -44,6 +44,10 @@ TILINGS = {
     "split0": ("gluon-ws", {dp: {**t, "sm90_split_kv": 0} for dp, t in DEFAULT_TILES.items()}),
     "split1": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1} for dp, t in DEFAULT_TILES.items()}),
     "split2": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2} for dp, t in DEFAULT_TILES.items()}),
+    # V waited for before the exponentials (3), and K freed there too (4): session 22's SASS
+    # showed splits 1 and 2 put the wait after them, so no PV dot issued under them
+    "split3": ("gluon-ws", {dp: {**t, "sm90_split_kv": 3} for dp, t in DEFAULT_TILES.items()}),
+    "split4": ("gluon-ws", {dp: {**t, "sm90_split_kv": 4} for dp, t in DEFAULT_TILES.items()}),
     # ring depth with the split (part ``stages``): three / four stages, split 2 / 1
     "split2-3st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2, "sm90_stages": 3}
                                 for dp, t in DEFAULT_TILES.items()}),
@@ -66,7 +70,7 @@ def part_same():
     for name, B, H, S, D, splits in cases:
         q, k, v = make_qkv(B, H, S, D, device="cuda", seed=5)
         outs = {}
-        for t in ("default", "split0", "split1", "split2"):
+        for t in ("default", "split0", "split1", "split2", "split3", "split4"):
             use(t)
             outs[t] = fp8dit.attention(q, k, v, backend="fp8", num_splits=splits,
                                        return_lse=True)
@@ -82,7 +86,7 @@ def part_same():
                for _ in range(3))
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     outs = {}
-    for t in ("default", "split0", "split1", "split2"):
+    for t in ("default", "split0", "split1", "split2", "split3", "split4"):
         use(t)
         outs[t] = fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), backend="fp8")
     use("triton")
@@ -109,6 +113,12 @@ def part_stages():
     gpu_gluon.part_speed(["wan-480p"], VARIANTS,
                          ("default", "split2-3st", "split1-3st", "default", "split2-3st",
                           "split1-3st"))
+
+
+def part_late():
+    """Splits 3 and 4 (the wait before the exponentials) against the default."""
+    gpu_gluon.part_speed(["cogvideox-5b", "wan-480p"], VARIANTS,
+                         ("default", "split3", "split4", "default", "split3", "split4"))
 
 
 def part_repeat():

@@ -520,7 +520,8 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
                             and cfg.get("sm90_p_regs", False)),
             # 256-key steps: K and V of a ring slot on their own barriers (1: V waited for
-            # before the PV dots; 2: also K's half freed after the QK dots)
+            # before the PV dots; 2: also K's half freed after the QK dots; 3, 4: as 1, 2 with
+            # the wait before the exponentials instead)
             SPLIT_KV=cfg.get("sm90_split_kv", 0) if BN > 128 else 0,
         )
     else:

@@ -212,11 +212,15 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
-                        P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True):
+                        P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True,
+                        kv_empty=None, v_full=None, slot=0, v_phase=0,
+                        SPLIT_KV: gl.constexpr = 0):
     """Softmax of a 256-key block from its two QK dots: one max over both halves, both
     halves' fp8 P (the PV dots' A operands) stored into ``p_a``/``p_b`` unless ``P_REGS``;
     returns (m, l, alpha, P of each half). ``ROW_SUM`` False: l is returned unchanged (the
-    caller sums P with the row-sum dot)."""
+    caller sums P with the row-sum dot). ``SPLIT_KV`` 3 / 4: V's barrier waited for here,
+    after the max and before the exponentials (4: K's half of the slot freed first), so the
+    exponentials and the PV dots stay in one stretch of code that ptxas can interleave."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
@@ -238,6 +242,12 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
+    if SPLIT_KV >= 3:
+        if SPLIT_KV == 4:
+            # every warp of this warpgroup is past both QK waits: K's half of the slot is free
+            _cta_barrier()
+            mbarrier.arrive(kv_empty.index(slot))
+        mbarrier.wait(v_full.index(slot), v_phase)
     bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
     if K_SUB == 2:
         bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
@@ -297,8 +307,8 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     m_new, l_new, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
         BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
-        not ROWSUM_DOT)
-    if SPLIT_KV:
+        not ROWSUM_DOT, kv_empty, v_full, slot, (cnt // STAGES) & 1, SPLIT_KV)
+    if SPLIT_KV == 1 or SPLIT_KV == 2:
         if SPLIT_KV == 2:
             # Every warp of this warpgroup is past both QK dots: K's half of the slot is free
             # (the producer can refill it while this step's PV runs)
@@ -339,7 +349,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         acc_m = acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
-    if SPLIT_KV != 2:
+    if SPLIT_KV != 2 and SPLIT_KV != 4:
         mbarrier.arrive(kv_empty.index(slot))
     if SPLIT_KV:
         mbarrier.arrive(v_empty.index(slot))
