@@ -138,13 +138,15 @@ TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 # equal): Wan 720p 960 / 958 TFLOPS against 898 / 894, Wan 480p 931 / 919 against 871 / 871,
 # HunyuanVideo 967 / 968 against 898 / 900, CogVideoX (D=64, P in registers too) 527 / 526
 # against 475 / 477.
-# D=64 only: K and V of a ring slot on their own barriers, K's half freed after the QK dots
-# (``sm90_split_kv=2``; run s22-4, same process, outputs and LSE bitwise the default's):
-# CogVideoX 14.09 / 14.12 ms against 14.52 / 14.52 (+3%, never capped). At D=128 the same change
-# ran 7% slower at the same clock (Wan 720p 128.6 against 120.2 ms), V's own barrier alone 16%.
+# D=64 only: K and V of a ring slot on their own barriers, V's waited for after the row max and
+# before the exponentials (``sm90_split_kv=3``; outputs and LSE bitwise the default's). Run
+# s22-9, same process, CogVideoX end to end: 13.29 / 13.23 ms against 14.19 / 14.13 with the
+# wait after the exponentials (split 2, where ptxas issued no PV dot under them; 14.52 with one
+# barrier per slot in s22-4). At D=128 every split ran slower (V's wait before the exponentials
+# spills 16 registers per step there: Wan 480p 28.5 against 22.9 ms; after them 7-16% slower).
 WS_TILES: dict[int, dict] = {
     64: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=True,
-             sm90_split_kv=2),
+             sm90_split_kv=3),
     128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=True),
 }
 # Keys per K scale in the warp-specialized kernel's 256-key blocks: 256 (one scale per
