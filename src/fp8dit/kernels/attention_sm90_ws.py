@@ -23,10 +23,14 @@ slower at D=64 (session 8). With ``ROWSUM_DOT`` (the default at both head dims, 
 registers) P's row sums come from two N=8 dots of those registers with a tile of ones instead
 of 128 FADDs and a row reduction per thread and step: +7% at D=128, +11% at D=64 (session 11).
 
-With ``SPLIT_KV`` (256-key steps; the default at D=64 only, ``launch.WS_TILES``) a slot's K and
-V have barriers of their own: the QK dots wait for K alone and the PV dots for V, and with
-``SPLIT_KV`` = 2 K's half of the slot is freed right after the QK dots. +3% at D=64, but 7-16%
-slower at D=128 at the same clock (benchmarks/NOTES.md, session 22).
+With ``SPLIT_KV`` (256-key steps; 3 is the default at D=64 only, ``launch.WS_TILES``) a slot's
+K and V have barriers of their own: the QK dots wait for K alone and V is waited for later:
+1 / 2 just before the PV dots (2: K's half of the slot freed right after the QK dots), 3 / 4
+after the row max, before the exponentials (4: K freed there). Where the wait sits matters:
+after the exponentials (1, 2) ptxas issues no PV dot under them; before them (3) it does again.
+Split 3 is +10% at D=64 (CogVideoX); at D=128 every form ran slower (3 and 4 spill 16
+registers per step there), so D=128 keeps one barrier per slot (benchmarks/NOTES.md, session
+22).
 
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count; with
