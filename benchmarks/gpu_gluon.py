@@ -90,6 +90,14 @@ def each_kernel(fn, variants=None):
     return res
 
 
+def varlen_inputs(lens, H=4, D=128):
+    """Packed bf16 q, k, v of sequences ``lens`` (seeded) and their int32 cumulative lengths."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(sum(lens), H, D, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    return q, k, v, torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+
+
 def part_check(variants=None):
     variants = variants or VARIANTS
     cases = [
@@ -139,11 +147,7 @@ def part_check(variants=None):
                family=family, splits=splits, **rec)
     # varlen with an empty sequence
     lens = [300, 0, 2000, 129]
-    T, H, D = sum(lens), 4, 128
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
-               for _ in range(3))
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q, k, v, cu = varlen_inputs(lens)
     ref = attention_varlen_ref(q, k, v, cu, cu)
     try:
         outs = each_kernel(lambda: fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),

@@ -80,11 +80,7 @@ def part_same():
             t: bool(torch.equal(o, o0) and torch.equal(lse, l0))
             for t, (o, lse) in outs.items() if t != "default"})
     lens = [300, 0, 20000, 129]
-    T, H, D = sum(lens), 4, 128
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
-               for _ in range(3))
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q, k, v, cu = gpu_gluon.varlen_inputs(lens)
     outs = {}
     for t in ("default", "split0", "split1", "split2", "split3", "split4"):
         use(t)
