@@ -10,7 +10,10 @@ transfer that, at the SM's share of the L2 stream (~30 GB/s), takes ~2 us plus l
 ``sm90_split_kv=1``: K first on the slot's barrier, V on its own (``v_full``), waited for
 before the PV dots: V gets the step's softmax to land in. ``=2``: also K's half of the slot
 freed right after the QK dots (``_cta_barrier`` + arrive), so its refill starts a softmax
-earlier. FlashAttention-3 keeps separate K and V pipelines as well.
+earlier. ``=3`` / ``=4``: as 1 / 2 with V's wait (and K's release) after the row max, before the
+exponentials: with the wait after them ptxas issued no PV dot under them (SASS, session 22).
+FlashAttention-3 keeps separate K and V pipelines as well. Results: benchmarks/NOTES.md,
+session 22 (split 3 became the default at D=64; D=128 keeps one barrier per slot).
 Prediction: up to the ~5% at D=128 full width if the wait is the exposed transfer; nothing at
 D=64. Outputs must be bitwise the default's (only the synchronization changes).
 
