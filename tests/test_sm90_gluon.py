@@ -7,6 +7,7 @@ sm_90 with this Triton and that its kv loops use the Hopper tensor-core MMAs wit
 kernel's and fp64 on the H200 (benchmarks/gpu_gluon.py, benchmarks/NOTES.md session 3).
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -312,3 +313,48 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
         assert main["spills"] <= ((1 if on_36 else 2) if wide_d128 else 0), rep
         # two programs per SM, or one warp-specialized program
         assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="the warp-specialized kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("split", [1, 2, 3, 4])
+def test_split_kv_barriers_change_no_output_bit(monkeypatch, split):
+    """K and V of a ring slot on their own barriers (``sm90_split_kv``; 3 is the default at
+    head dim 64) only change when the consumers wait, never a bit of the output or LSE: both
+    head dims, an odd length (a masked last 256-key step), a 3-way split, and varlen with an
+    empty sequence, each against one barrier per slot (0)."""
+    import fp8dit
+    from fp8dit.testing import make_qkv
+
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
+    tiles = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
+
+    def run(s, call):
+        for dp, t in tiles.items():
+            monkeypatch.setitem(launch.WS_TILES, dp, {**t, "sm90_split_kv": s})
+        return call()
+
+    for D in (64, 128):
+        q, k, v = make_qkv(1, 2, 3001, D, device="cuda", seed=D)
+        plan, cfg = launch.plan_for([3001], [3001], varlen=False, num_heads=2, num_kv_heads=2,
+                                    head_dim=D, is_causal=False, device=q.device)
+        assert launch.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), q.device,
+                                     cfg["kernel"]) == "gluon-ws" and plan.key.block_n == 256
+        for splits in (None, 3):
+            call = functools.partial(fp8dit.attention, q, k, v, backend="fp8",
+                                     num_splits=splits, return_lse=True)
+            (o0, l0), (o1, l1) = run(0, call), run(split, call)
+            assert torch.equal(o0, o1) and torch.equal(l0, l1), (D, splits)
+    lens = [300, 0, 2000, 129]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+
+    def varlen():
+        return fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), backend="fp8")
+    assert torch.equal(run(0, varlen), run(split, varlen))
