@@ -1,28 +1,25 @@
 """One H200 call: K and V of a ring slot on their own barriers in the 256-key loop.
 
-    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64,stages,late] [--out F]
+    python3 benchmarks/gpu_split_kv.py [--parts same,check,speed,repeat,len64,stages] [--out F]
 
 Why (session 22, runs s22-1/s22-2): at D=128 a 256-key step takes ~5% longer with all 132 SMs
 streaming K/V from L2 than with 33 (2.19 against 2.08 us at 1,980 MHz), and nothing at D=64
 (half the bytes). With one barrier per slot the consumers wait for K and V (64 KB) before the
-QK dots, and a slot is refilled only after both warpgroups' PV dots: one step (~2.2 us) for a
-transfer that, at the SM's share of the L2 stream (~30 GB/s), takes ~2 us plus latency.
-``sm90_split_kv=1``: K first on the slot's barrier, V on its own (``v_full``), waited for
-before the PV dots: V gets the step's softmax to land in. ``=2``: also K's half of the slot
-freed right after the QK dots (``_cta_barrier`` + arrive), so its refill starts a softmax
-earlier. ``=3`` / ``=4``: as 1 / 2 with V's wait (and K's release) after the row max, before the
-exponentials: with the wait after them ptxas issued no PV dot under them (SASS, session 22).
-FlashAttention-3 keeps separate K and V pipelines as well. Results: benchmarks/NOTES.md,
-session 22 (split 3 became the default at D=64; D=128 keeps one barrier per slot).
-Prediction: up to the ~5% at D=128 full width if the wait is the exposed transfer; nothing at
-D=64. Outputs must be bitwise the default's (only the synchronization changes).
+QK dots. ``sm90_split_kv``: K on the slot's barrier, V on its own (``v_full``), waited for
+after the row max, before the exponentials (FlashAttention-3 keeps separate K and V pipelines
+as well). Outputs must be bitwise the default's: only the synchronization changes.
+Session 22 measured three more forms with this script (commits d29be0d, 66e961a; NOTES.md):
+V's wait just before the PV dots, with or without K's half of the slot freed after the QK dots,
+and the early wait with K freed there; all slower, and removed from the kernel. The kept form
+is the default at D=64 (+10%); at D=128 it spills and loses, so D=128 keeps one barrier.
 
-same:  outputs and LSE of each variant against the default, bitwise (D=128, D=64, split-KV,
-       varlen with an empty sequence, an odd length).
-check: gpu_gluon's 13 cases against fp64 under each variant.
-speed: Wan 720p, Wan 480p, HunyuanVideo, CogVideoX; cuDNN before and after.
+same:   outputs and LSE of split off / on against the default, bitwise (D=128, D=64, an odd
+        length, split-KV, varlen with an empty sequence).
+check:  gpu_gluon's 13 cases against fp64 under each variant.
+speed:  Wan 720p, Wan 480p, HunyuanVideo, CogVideoX; cuDNN before and after.
 repeat: 10 calls bitwise equal with the default tiles (gpu_gluon.part_repeat).
-len64: D=64 at 8k / 12k / 32k tokens, split off and on (the default since run s22-4).
+len64:  D=64 at 8k / 12k / 32k tokens, split off and on.
+stages: the split with three / four ring stages (D=64: CogVideoX; D=128: Wan 480p).
 """
 
 from __future__ import annotations
@@ -42,26 +39,24 @@ import gpu_gluon  # noqa: E402
 from gpu_gluon import record  # noqa: E402
 
 DEFAULT_TILES = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
+
+
+def _tiles(**over):
+    return {dp: {**t, **over} for dp, t in DEFAULT_TILES.items()}
+
+
 TILINGS = {
-    "default": ("gluon-ws", DEFAULT_TILES),  # since run s22-4: split 2 at D=64, 0 at D=128
-    "split0": ("gluon-ws", {dp: {**t, "sm90_split_kv": 0} for dp, t in DEFAULT_TILES.items()}),
-    "split1": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1} for dp, t in DEFAULT_TILES.items()}),
-    "split2": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2} for dp, t in DEFAULT_TILES.items()}),
-    # V waited for before the exponentials (3), and K freed there too (4): session 22's SASS
-    # showed splits 1 and 2 put the wait after them, so no PV dot issued under them
-    "split3": ("gluon-ws", {dp: {**t, "sm90_split_kv": 3} for dp, t in DEFAULT_TILES.items()}),
-    "split4": ("gluon-ws", {dp: {**t, "sm90_split_kv": 4} for dp, t in DEFAULT_TILES.items()}),
-    # ring depth with the split (part ``stages``): three / four stages, split 2 / 1
-    "split2-3st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2, "sm90_stages": 3}
-                                for dp, t in DEFAULT_TILES.items()}),
-    "split2-4st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 2, "sm90_stages": 4 if dp == 64 else 3}
-                                for dp, t in DEFAULT_TILES.items()}),
-    "split1-3st": ("gluon-ws", {dp: {**t, "sm90_split_kv": 1, "sm90_stages": 3}
-                                for dp, t in DEFAULT_TILES.items()}),
+    "default": ("gluon-ws", DEFAULT_TILES),  # split on at D=64, off at D=128
+    "off": ("gluon-ws", _tiles(sm90_split_kv=False)),
+    "on": ("gluon-ws", _tiles(sm90_split_kv=True)),
+    "on-3st": ("gluon-ws", _tiles(sm90_split_kv=True, sm90_stages=3)),
+    "on-4st": ("gluon-ws", {dp: {**t, "sm90_split_kv": True, "sm90_stages": 4 if dp == 64 else 3}
+                            for dp, t in DEFAULT_TILES.items()}),
     "triton": ("triton", DEFAULT_TILES),  # gpu_gluon's reference; restores the defaults
 }
 use = functools.partial(gpu_gluon.use_tiling, TILINGS)
 VARIANTS = {t: functools.partial(use, t) for t in TILINGS}
+COMPARED = ("default", "off", "on")
 
 
 def part_same():
@@ -73,7 +68,7 @@ def part_same():
     for name, B, H, S, D, splits in cases:
         q, k, v = make_qkv(B, H, S, D, device="cuda", seed=5)
         outs = {}
-        for t in ("default", "split0", "split1", "split2", "split3", "split4"):
+        for t in COMPARED:
             use(t)
             outs[t] = fp8dit.attention(q, k, v, backend="fp8", num_splits=splits,
                                        return_lse=True)
@@ -85,7 +80,7 @@ def part_same():
     lens = [300, 0, 20000, 129]
     q, k, v, cu = gpu_gluon.varlen_inputs(lens)
     outs = {}
-    for t in ("default", "split0", "split1", "split2", "split3", "split4"):
+    for t in COMPARED:
         use(t)
         outs[t] = fp8dit.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), backend="fp8")
     use("triton")
@@ -94,30 +89,18 @@ def part_same():
 
 
 def part_check():
-    gpu_gluon.part_check(VARIANTS)
+    gpu_gluon.part_check({t: VARIANTS[t] for t in (*COMPARED, "triton")})
 
 
 def part_speed():
     gpu_gluon.part_speed(["wan2.2-a14b-720p", "wan-480p", "hunyuanvideo-720p", "cogvideox-5b"],
-                         VARIANTS, ("default", "split1", "split2", "default", "split1",
-                                    "split2"))
+                         VARIANTS, ("off", "on", "off", "on"))
 
 
 def part_stages():
-    """A deeper ring with the split: D=64 (CogVideoX) 2 / 3 / 4 stages; D=128 (Wan 480p) split
-    with 3 stages against the default's one barrier and 2 stages."""
     gpu_gluon.part_speed(["cogvideox-5b"], VARIANTS,
-                         ("default", "split2-3st", "split2-4st", "default", "split2-3st",
-                          "split2-4st"))
-    gpu_gluon.part_speed(["wan-480p"], VARIANTS,
-                         ("default", "split2-3st", "split1-3st", "default", "split2-3st",
-                          "split1-3st"))
-
-
-def part_late():
-    """Splits 3 and 4 (the wait before the exponentials) against the default."""
-    gpu_gluon.part_speed(["cogvideox-5b", "wan-480p"], VARIANTS,
-                         ("default", "split3", "split4", "default", "split3", "split4"))
+                         ("on", "on-3st", "on-4st", "on", "on-3st", "on-4st"))
+    gpu_gluon.part_speed(["wan-480p"], VARIANTS, ("off", "on-3st", "off", "on-3st"))
 
 
 def part_repeat():
@@ -138,7 +121,7 @@ def part_len64():
         est = 4 * B * H * S * S * D / 500e12 * 1e3
         cud = bench(cudnn_fn(nxt), est)
         record(part="len64", S=S, backend="sdpa-cudnn", ms=cud)
-        for t in ("split0", "default", "split0", "default"):
+        for t in ("off", "on", "off", "on"):
             use(t)
             run = fp8_fn(nxt, None)
             run()

@@ -139,14 +139,14 @@ TWO_TERM_TILES = dict(block_n=64, num_stages=3, programs_per_sm=2, maxnreg=None)
 # HunyuanVideo 967 / 968 against 898 / 900, CogVideoX (D=64, P in registers too) 527 / 526
 # against 475 / 477.
 # D=64 only: K and V of a ring slot on their own barriers, V's waited for after the row max and
-# before the exponentials (``sm90_split_kv=3``; outputs and LSE bitwise the default's). Run
+# before the exponentials (``sm90_split_kv``; outputs and LSE bitwise the default's). Run
 # s22-9, same process, CogVideoX end to end: 13.29 / 13.23 ms against 14.19 / 14.13 with the
-# wait after the exponentials (split 2, where ptxas issued no PV dot under them; 14.52 with one
-# barrier per slot in s22-4). At D=128 every split ran slower (V's wait before the exponentials
-# spills 16 registers per step there: Wan 480p 28.5 against 22.9 ms; after them 7-16% slower).
+# wait after the exponentials (where ptxas issued no PV dot under them; 14.52 with one barrier
+# per slot in s22-4). At D=128 every form ran slower (this one spills 16 registers per step
+# there: Wan 480p 28.5 against 22.9 ms; the wait after the exponentials 7-16% slower).
 WS_TILES: dict[int, dict] = {
     64: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=True,
-             sm90_split_kv=3),
+             sm90_split_kv=True),
     128: dict(block_n=256, sm90_stages=2, sm90_p_regs=True, sm90_rowsum_dot=True),
 }
 # Keys per K scale in the warp-specialized kernel's 256-key blocks: 256 (one scale per
@@ -521,10 +521,9 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
             # ones (off: FADDs and a row reduction)
             ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
                             and cfg.get("sm90_p_regs", False)),
-            # 256-key steps: K and V of a ring slot on their own barriers (1: V waited for
-            # before the PV dots; 2: also K's half freed after the QK dots; 3, 4: as 1, 2 with
-            # the wait before the exponentials instead)
-            SPLIT_KV=cfg.get("sm90_split_kv", 0) if BN > 128 else 0,
+            # 256-key steps: K and V of a ring slot on their own barriers, V's waited for
+            # before the exponentials
+            SPLIT_KV=bool(cfg.get("sm90_split_kv", False) and BN > 128),
         )
     else:
         mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))

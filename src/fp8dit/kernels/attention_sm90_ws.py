@@ -23,20 +23,17 @@ slower at D=64 (session 8). With ``ROWSUM_DOT`` (the default at both head dims, 
 registers) P's row sums come from two N=8 dots of those registers with a tile of ones instead
 of 128 FADDs and a row reduction per thread and step: +7% at D=128, +11% at D=64 (session 11).
 
-With ``SPLIT_KV`` (256-key steps; 3 is the default at D=64 only, ``launch.WS_TILES``) a slot's
-K and V have barriers of their own: the QK dots wait for K alone and V is waited for later:
-1 / 2 just before the PV dots (2: K's half of the slot freed right after the QK dots), 3 / 4
-after the row max, before the exponentials (4: K freed there). Where the wait sits matters:
-after the exponentials (1, 2) ptxas issues no PV dot under them; before them (3) it does again.
-Split 3 is +10% at D=64 (CogVideoX); at D=128 every form ran slower (3 and 4 spill 16
-registers per step there), so D=128 keeps one barrier per slot (benchmarks/NOTES.md, session
-22).
+With ``SPLIT_KV`` (256-key steps; the default at D=64 only, ``launch.WS_TILES``) a slot's K
+and V have barriers of their own: the QK dots wait for K alone, and V is waited for after the
+row max, before the exponentials. Where that wait sits matters: placed after the exponentials,
+ptxas issued no PV dot under them and the step lost (session 22's forms 1 and 2, commit
+d29be0d). +10% at D=64 (CogVideoX); at D=128 it spills 16 registers per step and every form
+ran slower, so D=128 keeps one barrier per slot (benchmarks/NOTES.md, session 22).
 
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count; with
                  SPLIT_KV: K only)
-    kv_empty[s]  consumers -> producer: both warpgroups are done with slot s (count 2; with
-                 SPLIT_KV: with its K)
+    kv_empty[s]  consumers -> producer: both warpgroups are done with slot s (count 2)
     v_full[s], v_empty[s]  the same for V, with SPLIT_KV only
     q_full       producer -> consumers: this item's two Q halves landed
     q_empty      consumers -> producer: both warpgroups are done with the item's Q (count 2)
@@ -75,7 +72,7 @@ from .attention_sm90 import (
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
               q_empty, v_full, v_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad, Tk_pad,
               group, DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SPLIT_KV: gl.constexpr = 0):
+              STAGES: gl.constexpr, SPLIT_KV: gl.constexpr = False):
     SUB_N: gl.constexpr = desc_k.block_type.shape[0]
     HALVES: gl.constexpr = BLOCK_N // SUB_N
     pid = gl.program_id(0)
@@ -101,7 +98,7 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
             bar = kv_full.index(slot)
             if SPLIT_KV:
                 # K first, on its own barrier: the QK dots start when K has landed, and V has
-                # the step's softmax to arrive in
+                # until the row max to arrive
                 mbarrier.expect(bar, HALVES * desc_k.block_type.nbytes)
                 for half in gl.static_range(HALVES):
                     _tma_load(desc_k, [k_row0 + kb * BLOCK_N + half * SUB_N, 0], bar,
@@ -217,14 +214,13 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
                         P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True,
-                        kv_empty=None, v_full=None, slot=0, v_phase=0,
-                        SPLIT_KV: gl.constexpr = 0):
+                        v_full=None, slot=0, v_phase=0, SPLIT_KV: gl.constexpr = False):
     """Softmax of a 256-key block from its two QK dots: one max over both halves, both
     halves' fp8 P (the PV dots' A operands) stored into ``p_a``/``p_b`` unless ``P_REGS``;
     returns (m, l, alpha, P of each half). ``ROW_SUM`` False: l is returned unchanged (the
-    caller sums P with the row-sum dot). ``SPLIT_KV`` 3 / 4: V's barrier waited for here,
-    after the max and before the exponentials (4: K's half of the slot freed first), so the
-    exponentials and the PV dots stay in one stretch of code that ptxas can interleave."""
+    caller sums P with the row-sum dot). ``SPLIT_KV``: V's barrier waited for here, after the
+    max and before the exponentials, so the exponentials and the PV dots stay in one stretch
+    of code that ptxas can interleave."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
@@ -246,11 +242,7 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
         m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
-    if SPLIT_KV >= 3:
-        if SPLIT_KV == 4:
-            # every warp of this warpgroup is past both QK waits: K's half of the slot is free
-            _cta_barrier()
-            mbarrier.arrive(kv_empty.index(slot))
+    if SPLIT_KV:
         mbarrier.wait(v_full.index(slot), v_phase)
     bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
     if K_SUB == 2:
@@ -277,7 +269,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         K_SUB: gl.constexpr, P_REGS: gl.constexpr,
                         ABLATE_MISC: gl.constexpr = 0, ones_t=None, zero_l=None,
                         ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None,
-                        v_full=None, v_empty=None, SPLIT_KV: gl.constexpr = 0):
+                        v_full=None, v_empty=None, SPLIT_KV: gl.constexpr = False):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
     max over the block, both halves' P, two PV dots into a fresh accumulator, and the
     block's sum folded into the fp32 sum.
@@ -311,14 +303,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     m_new, l_new, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
         BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
-        not ROWSUM_DOT, kv_empty, v_full, slot, (cnt // STAGES) & 1, SPLIT_KV)
-    if SPLIT_KV == 1 or SPLIT_KV == 2:
-        if SPLIT_KV == 2:
-            # Every warp of this warpgroup is past both QK dots: K's half of the slot is free
-            # (the producer can refill it while this step's PV runs)
-            _cta_barrier()
-            mbarrier.arrive(kv_empty.index(slot))
-        mbarrier.wait(v_full.index(slot), (cnt // STAGES) & 1)
+        not ROWSUM_DOT, v_full, slot, (cnt // STAGES) & 1, SPLIT_KV)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
                                 use_acc=False, is_async=True)
@@ -353,8 +338,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         acc_m = acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
-    if SPLIT_KV != 2 and SPLIT_KV != 4:
-        mbarrier.arrive(kv_empty.index(slot))
+    mbarrier.arrive(kv_empty.index(slot))
     if SPLIT_KV:
         mbarrier.arrive(v_empty.index(slot))
     return m_new, l_new, acc_m
@@ -584,7 +568,7 @@ def attention_fwd_sm90_ws_kernel(
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
     PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False, SPLIT_KV: gl.constexpr = 0,
+    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False, SPLIT_KV: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -609,7 +593,7 @@ def attention_fwd_sm90_ws_kernel(
     mbarrier.init(q_full, count=1)
     mbarrier.init(q_empty, count=2)
     # SPLIT_KV: V's own full/empty ring; kv_full/kv_empty then count K's half of a slot
-    gl.static_assert(SPLIT_KV == 0 or BLOCK_N == 2 * SUB_N, "split K/V barriers: 256-key steps")
+    gl.static_assert(not SPLIT_KV or BLOCK_N == 2 * SUB_N, "split K/V barriers: 256-key steps")
     if SPLIT_KV:
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
