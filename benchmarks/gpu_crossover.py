@@ -1,6 +1,6 @@
 """One H200 call: where each attention path pays, by sequence length (session 14).
 
-    python3 benchmarks/gpu_crossover.py [--out F] [--rounds 3]
+    python3 benchmarks/gpu_crossover.py [--out F] [--rounds 3] [--shape B,H,S,D ...]
 
 Why: ``auto`` picks SDPA below ``dispatch.FP8_MIN_TOKENS`` (D=128: 8,192; D=64: 17,000) and
 the Triton kernel below ``launch.WS_MIN_KV_TOKENS`` (D=128: 32,000 keys), thresholds measured
@@ -53,9 +53,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shape", action="append", default=[],
+                    help="B,H,S,D to time instead of the built-in list (repeatable)")
     a = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in a.shape] or SHAPES
     gpu_gluon.record_env()
-    for B, H, S, D in SHAPES:
+    for B, H, S, D in shapes:
         sets = [make_qkv(B, H, S, D, device="cuda", seed=i) for i in range(2)]
         nxt = rotated(sets)
         est = 4 * B * H * S * S * D / 700e12 * 1e3
