@@ -456,3 +456,24 @@ def test_table_shows_the_clock_only_when_measured():
     assert "MHz" in lines[0]
     assert "1843 cap" in lines[2] and "1978" in lines[3] and "cap" not in lines[3]
     assert lines[4].split()[-1] == "-"  # a row without samples
+
+
+def test_table_names_a_backend_unavailable_everywhere_once():
+    reason = "unavailable: the cuDNN frontend is not importable; pip install nvidia-cudnn-frontend"
+    # sageattn unavailable in one preset only (a shape it refuses): its rows stay
+    sage = {"a": dict(error="unavailable: head_dim 256"), "b": dict(ms=2.0)}
+    rows = []
+    for preset in ("a", "b"):
+        rows += [dict(preset=preset, backend="fp8dit", ms=1.0, speedup_vs_cudnn=1.5),
+                 dict(preset=preset, backend="cudnn-fp8", error=reason),
+                 dict(preset=preset, backend="cudnn-fp8-kernel", error=reason),
+                 dict(preset=preset, backend="sageattn", **sage[preset])]
+    text = bench.format_table(rows)
+    assert text.count(reason) == 1
+    assert text.splitlines()[-1] == f"cudnn-fp8, cudnn-fp8-kernel: {reason} (every preset)"
+    assert "unavailable: head_dim 256" in text
+    body = [line.split()[1] for line in text.splitlines()[2:-2] if line]
+    assert body == ["fp8dit", "sageattn", "fp8dit", "sageattn"]
+    # one preset: every row shown as before
+    one = bench.format_table([r for r in rows if r["preset"] == "a"])
+    assert one.count(reason) == 2 and "every preset" not in one

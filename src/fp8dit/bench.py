@@ -701,9 +701,30 @@ def _fmt_bytes(n) -> str:
     return f"{n} B"
 
 
+def _unavailable_everywhere(rows: list[dict]) -> dict[str, list[str]]:
+    """Backends unavailable with one and the same reason in every preset of a multi-preset
+    run (a peer that is not installed), by reason: the table names them once instead of
+    repeating the reason under every preset. The JSON rows keep every one."""
+    if len({r["preset"] for r in rows}) < 2:
+        return {}
+    errors: dict[str, set] = {}
+    for r in rows:
+        errors.setdefault(r["backend"], set()).add(r.get("error"))
+    by_reason: dict[str, list[str]] = {}
+    for name, errs in errors.items():
+        (err,) = errs if len(errs) == 1 else (None,)
+        if isinstance(err, str) and err.startswith("unavailable:"):
+            by_reason.setdefault(err, []).append(name)
+    return by_reason
+
+
 def format_table(rows: list[dict]) -> str:
     def f(v, spec):
         return "-" if v is None else format(v, spec)
+
+    absent = _unavailable_everywhere(rows)
+    hidden = {name for names in absent.values() for name in names}
+    rows = [r for r in rows if r["backend"] not in hidden]
 
     # The SM clock (and whether the power cap held it down) next to the time: at the cap, a
     # time is only comparable with the clock it ran at. Only when a row has one (GPU runs).
@@ -739,6 +760,10 @@ def format_table(rows: list[dict]) -> str:
             out.append("")
         prev = r["preset"]
         out.append(fmt(cells))
+    if absent:
+        out.append("")
+    for reason, names in absent.items():
+        out.append(f"{', '.join(names)}: {reason} (every preset)")
     return "\n".join(out)
 
 
