@@ -20,7 +20,7 @@ import triton
 from triton.testing import do_bench
 
 import fp8dit
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit.recipes import get_recipe
 from fp8dit.testing import attention_ref_rows, error_stats, make_qkv
 
@@ -135,7 +135,7 @@ def bench_backends(name, B, H, S, D, n_sets, results, sweep):
                                          num_kv_heads=H, head_dim=D, is_causal=False,
                                          device=q.device)
             strides = [launch._bthd_strides(t, "NHD") for t in (q, k, v)]
-            wss = [launch.quantize_stage(plan, recipe, scale, s[0], strides[0], s[1],
+            wss = [quant.quantize_stage(plan, recipe, scale, s[0], strides[0], s[1],
                                          strides[1], s[2], strides[2]) for s in sets]
             o = torch.empty_like(q)
             lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)

@@ -5,7 +5,7 @@ quantizer with V's load asked for before K's work).
     git show REV:src/fp8dit/kernels/quantize.py > benchmarks/_quantize_prev.py   # untracked
     python3 benchmarks/gpu_quant_ab.py --prev benchmarks/_quantize_prev.py
 
-Per preset: ``launch.quantize_stage`` (all its launches, as ``fp8dit.attention`` runs them with
+Per preset: ``quant.quantize_stage`` (all its launches, as ``fp8dit.attention`` runs them with
 the warp-specialized kernel's plan) timed with each revision's kernels in turn, twice each
 (median of 20 CUDA-event timings), the workspaces compared bitwise, and a torch.profiler
 breakdown per kernel for both.
@@ -23,7 +23,7 @@ import sys
 import torch
 
 import fp8dit.kernels
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit import plan as plan_mod
 from fp8dit.recipes import get_recipe
 from fp8dit.testing import make_qkv
@@ -50,7 +50,7 @@ def _load_prev(path):
 
 
 def stage_run(preset, rec, layout="HND"):
-    """``launch.quantize_stage`` as ``fp8dit.attention`` runs it with the warp-specialized
+    """``quant.quantize_stage`` as ``fp8dit.attention`` runs it with the warp-specialized
     kernel's plan, on fresh inputs of ``preset`` in ``layout`` (the strides describe the layout
     made; NHD is what diffusers hands over)."""
     B, H, S, D = PRESETS[preset]
@@ -59,7 +59,7 @@ def stage_run(preset, rec, layout="HND"):
     plan_mod.clear_plan_cache()
     plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
                               head_dim=D, is_causal=False, device=q.device, recipe=rec)
-    return functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
+    return functools.partial(quant.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
                              k, st, v, st, kv_perm16=True)
 
 

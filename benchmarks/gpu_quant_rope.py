@@ -6,7 +6,7 @@ and this tree's quantization kernels against a previous revision's with it.
 
 (``--prev NAME=FILE`` again for more variants; the device call must ``carry`` the files.)
 
-Per case, in diffusers' NHD layout (``launch.quantize_stage`` as ``fp8dit.attention`` runs it
+Per case, in diffusers' NHD layout (``quant.quantize_stage`` as ``fp8dit.attention`` runs it
 with the warp-specialized kernel's plan):
 - ``rope``: the tables handed to the quantization (``rope_tables``), q and k unrotated;
 - ``plain``: q and k rotated first (``rope.apply_rope``), no tables: the quantization alone.
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit import plan as plan_mod
 from fp8dit.recipes import get_recipe
 from fp8dit.rope import Rotary, apply_rope, rope_tables
@@ -55,7 +55,7 @@ def _tables(S, D, start, style, dtype, device):
 
 def case_runs(name, rec, device="cuda"):
     """(run with tables, run of pre-rotated q and k) for ``name``: partials of
-    ``launch.quantize_stage``."""
+    ``quant.quantize_stage``."""
     B, H, S, D, style, dtype, start = CASES[name]
     q, k, v = make_qkv(B, H, S, D, device=device, seed=0, layout="NHD")
     rot = _tables(S, D, start, style, dtype, q.device)
@@ -65,7 +65,7 @@ def case_runs(name, rec, device="cuda"):
     plan_mod.clear_plan_cache()
     plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H,
                               head_dim=D, is_causal=False, device=q.device, recipe=rec)
-    run = functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D),
+    run = functools.partial(quant.quantize_stage, plan, rec, 1.0 / math.sqrt(D),
                             kv_perm16=True)
     return (functools.partial(run, q, st, k, st, v, st, rope=tabs, rope_start=start),
             functools.partial(run, qr, st, kr, st, v, st))

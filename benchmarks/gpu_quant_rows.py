@@ -3,9 +3,9 @@
     python3 benchmarks/gpu_quant_rows.py [--out F]
 
 With the warp-specialized kernel's 256-key blocks and one K scale per block, ``quantize_kv``
-either runs programs spanning the block (256 rows, ``launch.KV_QUANT_ROWS`` 0) or 128-row
+either runs programs spanning the block (256 rows, ``quant.KV_QUANT_ROWS`` 0) or 128-row
 programs that take the block's K amax from the statistics pass (``KAMAX_FROM_STATS``). This
-times ``launch.quantize_stage`` (all its launches) per variant (also: stats chunk 256 or 512,
+times ``quant.quantize_stage`` (all its launches) per variant (also: stats chunk 256 or 512,
 stats warps 4 or 8), twice each, and checks the workspaces against the 256-row one bitwise
 (a 256-token chunk sums the channel means in another order, so those differ in the last bit).
 
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit import plan as plan_mod
 from fp8dit.recipes import get_recipe
 from fp8dit.testing import make_qkv
@@ -48,19 +48,19 @@ def part_quant():
     rec = get_recipe(None)
     presets = {"wan2.2-a14b-720p": (1, 40, 75600, 128), "wan2.1-1.3b-480p": (1, 12, 32760, 128),
                "cogvideox-5b": (2, 48, 17776, 64)}
-    saved = dict(launch.KV_QUANT_ROWS), plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS
+    saved = dict(quant.KV_QUANT_ROWS), plan_mod.STATS_CHUNKS, quant.KV_STATS_WARPS
     for name, (B, H, S, D) in presets.items():
         q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
         st = launch._bthd_strides(q, "HND")
         wss, res = {}, {}
         for vname in (*QUANT_VARIANTS, *QUANT_VARIANTS):
-            rows, plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS = QUANT_VARIANTS[vname]
-            launch.KV_QUANT_ROWS[D] = rows
+            rows, plan_mod.STATS_CHUNKS, quant.KV_STATS_WARPS = QUANT_VARIANTS[vname]
+            quant.KV_QUANT_ROWS[D] = rows
             plan_mod.clear_plan_cache()
             plan, _ = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H,
                                       num_kv_heads=H, head_dim=D, is_causal=False,
                                       device=q.device, recipe=rec)
-            run = functools.partial(launch.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
+            run = functools.partial(quant.quantize_stage, plan, rec, 1.0 / math.sqrt(D), q, st,
                                     k, st, v, st, kv_perm16=True)
             res.setdefault(vname, []).append(round(time_ms(run), 4))
             res[vname + "_chunk"] = plan.stats_chunk
@@ -73,9 +73,9 @@ def part_quant():
         record(part="quant", preset=name, ms=res, bitwise_equal_to_rows256=same)
         del q, k, v, wss
         torch.cuda.empty_cache()
-    rows, plan_mod.STATS_CHUNKS, launch.KV_STATS_WARPS = saved
-    launch.KV_QUANT_ROWS.clear()
-    launch.KV_QUANT_ROWS.update(rows)
+    rows, plan_mod.STATS_CHUNKS, quant.KV_STATS_WARPS = saved
+    quant.KV_QUANT_ROWS.clear()
+    quant.KV_QUANT_ROWS.update(rows)
     plan_mod.clear_plan_cache()
     os.environ["FP8DIT_KERNEL"] = "auto"
 

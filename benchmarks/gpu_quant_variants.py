@@ -3,7 +3,7 @@ inputs (session 12).
 
     python3 benchmarks/gpu_quant_variants.py [--variants base,no_prefetch,...] [--out FILE]
 
-Per preset and variant: ``launch.quantize_stage`` (all its launches, as ``fp8dit.attention``
+Per preset and variant: ``quant.quantize_stage`` (all its launches, as ``fp8dit.attention``
 runs them with the warp-specialized kernel's plan) timed twice, interleaved with the other
 variants (median of 20 CUDA-event timings each), a torch.profiler breakdown per kernel, and
 the workspace compared bitwise with the defaults' (the knobs only cut the work differently).

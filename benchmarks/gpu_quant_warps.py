@@ -3,8 +3,8 @@
     python3 benchmarks/gpu_quant_warps.py
 
 With the warp-specialized kernel's 256-key blocks the K/V quantizer runs programs of 256 rows
-at 32 warps (``launch._tile_warps``) and took 3.7 ms at Wan 720p against 2.5 ms for 128-row
-programs (session 6). This times ``launch.quantize_stage`` (all three launches, as the end-to-
+at 32 warps (``quant.tile_warps``) and took 3.7 ms at Wan 720p against 2.5 ms for 128-row
+programs (session 6). This times ``quant.quantize_stage`` (all three launches, as the end-to-
 end call runs them) with 8, 16 and 32 warps for the 256-row programs, and with one K scale
 per 128 keys (128-row programs) for reference. Prints one JSON line per (preset, variant).
 """
@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit.recipes import get_recipe
 from fp8dit.testing import make_qkv
 
@@ -46,21 +46,21 @@ def time_ms(fn, reps=20):
 
 def main() -> int:
     os.environ.setdefault("FP8DIT_KERNEL", "gluon-ws")
-    tile_warps = launch._tile_warps
+    tile_warps = quant.tile_warps
     rec = get_recipe(None)
     for name, (B, H, S, D) in PRESETS.items():
         q, k, v = make_qkv(B, H, S, D, device="cuda", seed=0, layout="HND")
         for variant, warps, k_keys in (("w32", None, 256), ("w16", 16, 256), ("w8", 8, 256),
                                        ("k128", None, 128)):
-            launch.K_SCALE_KEYS = k_keys
-            launch._tile_warps = (tile_warps if warps is None else
+            quant.K_SCALE_KEYS = k_keys
+            quant.tile_warps = (tile_warps if warps is None else
                                   lambda r, c, w=warps: w if r == 256 else tile_warps(r, c))
             try:
                 plan, cfg = launch.plan_for([S] * B, [S] * B, varlen=False, num_heads=H,
                                             num_kv_heads=H, head_dim=D, is_causal=False,
                                             device=q.device, recipe=rec)
                 st = launch._bthd_strides(q, "HND")
-                ms = time_ms(functools.partial(launch.quantize_stage, plan, rec,
+                ms = time_ms(functools.partial(quant.quantize_stage, plan, rec,
                                                1.0 / math.sqrt(D), q, st, k, st, v, st,
                                                kv_perm16=True))
                 print(json.dumps(dict(preset=name, variant=variant, block_n=plan.key.block_n,
@@ -68,7 +68,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - a failure is a result
                 print(json.dumps(dict(preset=name, variant=variant,
                                       error=f"{type(e).__name__}: {e}"[:300])), flush=True)
-        launch._tile_warps, launch.K_SCALE_KEYS = tile_warps, 256
+        quant.tile_warps, quant.K_SCALE_KEYS = tile_warps, 256
         torch.cuda.empty_cache()
     return 0
 

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 from fp8dit.rope import Rotary, apply_rotary, rope_tables
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         tables = rope_tables(Rotary(cos, sin, start, style))
         ws = {}
         for way, args_ in (("rotated first", (qr, kr, None)), ("fused", (q, k, tables))):
-            ws[way] = launch.quantize_stage(plan, recipe, D ** -0.5, args_[0], st, args_[1], st,
+            ws[way] = quant.quantize_stage(plan, recipe, D ** -0.5, args_[0], st, args_[1], st,
                                             v, st, kv_perm16=sm90 is not None, rope=args_[2],
                                             rope_start=start)
         a, b = ws["rotated first"], ws["fused"]

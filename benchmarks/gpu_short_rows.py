@@ -49,7 +49,7 @@ def _pieces(q, k, v) -> tuple[dict, object]:
     lse_st = (lse.stride(0), lse.stride(1), lse.stride(2))
 
     def quant():
-        return launch.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
+        return quant.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
                                      kv_perm16=sm90 is not None)
 
     ws = quant()

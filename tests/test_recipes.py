@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 import fp8dit
-from fp8dit import launch, testing
+from fp8dit import launch, quant, testing
 from fp8dit.kernels.common import to_bf16
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from fp8dit.testing import (
@@ -169,7 +169,7 @@ def _varlen_workspace(recipe, q, k, v, q_lens, k_lens, scale):
     plan, _ = launch.plan_for(q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv,
                               head_dim=D, is_causal=False, device=q.device)
     st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
-    ws = launch.quantize_stage(plan, recipe, scale, q, st[0], k, st[1], v, st[2])
+    ws = quant.quantize_stage(plan, recipe, scale, q, st[0], k, st[1], v, st[2])
     return plan, ws
 
 
@@ -199,7 +199,7 @@ def test_per_tensor_scales_span_sequences_and_heads():
     qa, ka, va = (float(t.float().abs().max()) for t in (q, k, v))
     rows = _valid_rows(q_lens, plan.key.block_m)
     q_scale = ws.q_scale[:, rows]
-    torch.testing.assert_close(q_scale, torch.full_like(q_scale, qa / 448 * scale * launch.LOG2E))
+    torch.testing.assert_close(q_scale, torch.full_like(q_scale, qa / 448 * scale * quant.LOG2E))
     n_blocks = sum(-(-n // plan.key.block_n) for n in k_lens)
     k_scale = ws.k_scale[:, :n_blocks]
     torch.testing.assert_close(k_scale, torch.full_like(k_scale, ka / 448))
@@ -314,7 +314,7 @@ def test_v_rounding_error_does_not_add_up_over_tokens():
     plan, _ = launch.plan_for([1], [S], varlen=False, num_heads=1, num_kv_heads=1, head_dim=D,
                               is_causal=False, device=q.device)
     st = launch._bthd_strides(q, "NHD")
-    ws = launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 1.0, q, st, k, st, v, st)
+    ws = quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 1.0, q, st, k, st, v, st)
     tau = torch.exp2(testing._v_block_log2_scale(S, plan.key.block_n, DEVICE))[:, None]
     deq = ws.v8t[0, :D, :S].float().T * tau * ws.v_scale[0, 0] + ws.v_mean[0, 0]
     err = deq - v[0, :, 0].float()

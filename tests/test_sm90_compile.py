@@ -20,7 +20,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fp8dit
-from fp8dit import launch
+from fp8dit import launch, quant
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 
 pytestmark = pytest.mark.skipif(
@@ -31,7 +31,8 @@ _DTYPES = {
     torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
     torch.int64: "i64", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv",
 }
-KERNELS = [name for name in dir(launch) if name.endswith("_kernel")]
+# every kernel the FP8 path launches: the quantization (quant) and attention/merge (launch)
+KERNELS = [(mod, name) for mod in (quant, launch) for name in dir(mod) if name.endswith("_kernel")]
 
 
 def _arg_type(value):
@@ -91,8 +92,8 @@ class _Recorder:
 
 def _record(monkeypatch):
     sink = []
-    for name in KERNELS:
-        monkeypatch.setattr(launch, name, _Recorder(getattr(launch, name), sink))
+    for mod, name in KERNELS:
+        monkeypatch.setattr(mod, name, _Recorder(getattr(mod, name), sink))
     # One call per recipe and padded head dim, causal and not, with a split-KV merge.
     g = torch.Generator().manual_seed(0)
     for recipe in RECIPES:
@@ -108,15 +109,15 @@ def _record(monkeypatch):
         plan, _ = launch.plan_for([600], [600], varlen=False, num_heads=2, num_kv_heads=2,
                                   head_dim=D, is_causal=False, device=q.device)
         st = launch._bthd_strides(q, "NHD")
-        launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+        quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                               kv_perm16=True)
         for dtype in (torch.float32, torch.bfloat16):  # with Wan's rotary tables fused in
             tables = torch.randn(2, 600, D // 2, generator=g).to(dtype)
-            launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+            quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                                   kv_perm16=True, rope=tables)
         # diffusers' apply_rotary_emb on the tokens after a text prefix (CogVideoX)
         tables = torch.randn(2, 500, D, generator=g)  # whole cos and sin rows
-        launch.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+        quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                               kv_perm16=True, rope=tables, rope_start=100)
         monkeypatch.delitem(launch.TILE_OVERRIDES, D)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import triton
 
-from fp8dit import env, launch
+from fp8dit import env, launch, quant
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
 
 
@@ -27,7 +27,7 @@ def _workspace(kv_perm16, S=300, D=64):
     plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2, head_dim=D,
                               is_causal=False, device=q.device)
     st = launch._bthd_strides(q, "NHD")
-    return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st, v, st,
+    return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st, v, st,
                                  kv_perm16=kv_perm16)
 
 
@@ -54,11 +54,11 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
     block, and the empty second half of the last block is written (zeros), never left
     uninitialized."""
     S, D = 300, 128  # the last 256-key block holds 44 keys: its second half is empty
-    monkeypatch.setattr(launch, "K_SCALE_KEYS", k_scale_keys)
+    monkeypatch.setattr(quant, "K_SCALE_KEYS", k_scale_keys)
 
     def ws_for(block_n):
         monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=block_n))
-        monkeypatch.setattr(launch, "K_SCALE_KEYS", k_scale_keys)
+        monkeypatch.setattr(quant, "K_SCALE_KEYS", k_scale_keys)
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
         plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
@@ -67,7 +67,7 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
         # poison the workspace memory the quantizer must overwrite
         monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
         try:
-            ws = launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
+            ws = quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
                                        v, st, kv_perm16=True)
         finally:
             monkeypatch.undo()
@@ -124,11 +124,11 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
     assert plan.key.block_n == 256 and plan.stats_chunk == 256  # whole kv blocks per chunk
 
     def ws(rows):
-        monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, rows)
+        monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows)
         st = launch._bthd_strides(q, "varlen")
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))
-            return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
+            return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
                                          launch._bthd_strides(k, "varlen"), v,
                                          launch._bthd_strides(v, "varlen"), kv_perm16=True)
 
@@ -172,23 +172,23 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
         st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))
-            return launch.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+            return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
                                          st[1], v, st[2], kv_perm16=True)
 
     def with_knob(on):
         if knob == "stats_prefetch":
-            monkeypatch.setattr(launch, "KV_STATS_PREFETCH", on)
+            monkeypatch.setattr(quant, "KV_STATS_PREFETCH", on)
         elif knob == "stats_sub":  # the GPU's sub-tile against the interpreter's default
-            monkeypatch.setattr(launch, "KV_STATS_SUB_ELEMS_INTERPRET",
-                                launch.KV_STATS_SUB_ELEMS if on else 2048)
+            monkeypatch.setattr(quant, "KV_STATS_SUB_ELEMS_INTERPRET",
+                                quant.KV_STATS_SUB_ELEMS if on else 2048)
         elif knob == "kv_rows":  # the GPU's rows (32 at D=128) against 128
-            monkeypatch.setitem(launch.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
+            monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
         else:
-            monkeypatch.setitem(launch.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
+            monkeypatch.setitem(quant.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
         return ws()
 
-    rows = {"kv": launch.KV_QUANT_ROWS[128], "q": launch.Q_QUANT_ROWS[128]}
-    assert rows["kv"] < 128 and rows["q"] < 64 and launch.KV_STATS_SUB_ELEMS < 2048
+    rows = {"kv": quant.KV_QUANT_ROWS[128], "q": quant.Q_QUANT_ROWS[128]}
+    assert rows["kv"] < 128 and rows["q"] < 64 and quant.KV_STATS_SUB_ELEMS < 2048
     base, other = with_knob(False), with_knob(True)
     assert base.k_scale.isnan().sum() == 1
     for name in ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean"):

@@ -11,7 +11,7 @@ shows, and is timed with ``triton.testing.do_bench`` (median). fp8dit is timed t
 - ``fp8dit-kernel``: only the persistent attention kernel and the split-KV merge, on inputs
   already quantized (``fp8dit.launch.attention_stage``);
 - ``fp8dit-quant``: only the quantization kernels (K/V channel statistics, K/V and Q quantize;
-  ``fp8dit.launch.quantize_stage``, workspace allocation included as in a real call).
+  ``fp8dit.quant.quantize_stage``, workspace allocation included as in a real call).
 
 TFLOPS = 4*B*H*Sq*Sk*D / time. One JSON row per (preset, backend) is merged into
 ``benchmarks/results/<gpu-name>.json`` (older runs are kept with their dates); the table is
@@ -186,7 +186,7 @@ class Staged:
 
     qkv: tuple
     strides: tuple  # (q, k, v, out) strides as (batch, token, head, dim)
-    ws: object  # fp8dit.launch.Workspace
+    ws: object  # fp8dit.quant.Workspace
     out: torch.Tensor
     lse: torch.Tensor
 
@@ -212,7 +212,7 @@ class Case:
         ``quantize_stage``, ``attention_stage``), so the stages time exactly what it runs.
         """
         if self._staged is None:
-            from . import launch
+            from . import launch, quant
             from .recipes import get_recipe
 
             B, H, S, D = self.shape.B, self.shape.H, self.shape.S, self.shape.D
@@ -227,8 +227,8 @@ class Case:
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=self.device, dtype=torch.float32)
                 st = tuple(launch._bthd_strides(t, self.layout) for t in (q, k, v, out))
-                ws = launch.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
-                                           kv_perm16=sm90 is not None)
+                ws = quant.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
+                                          kv_perm16=sm90 is not None)
                 staged.append(Staged((q, k, v), st, ws, out, lse))
             self._staged = (plan, cfg, rec, scale, staged, sm90)
         return self._staged
@@ -274,7 +274,7 @@ def _make_fp8dit_kernel(case: Case):
 
 
 def _make_fp8dit_quant(case: Case):
-    from .launch import quantize_stage
+    from .quant import quantize_stage
 
     plan, _, rec, scale, staged, sm90 = case.staged()
 

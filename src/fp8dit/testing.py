@@ -326,8 +326,8 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
     if recipe.smooth_k:
         kh = kh - kh.mean(dim=2, keepdim=True)
     if getattr(recipe, "rotate", False):  # in the kernels' zero-padded head dim
-        from .launch import hadamard
         from .plan import padded_head_dim
+        from .quant import hadamard
 
         dp = padded_head_dim(D)
         rot = hadamard(dp, "cpu").to(qh.device)

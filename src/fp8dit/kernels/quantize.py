@@ -373,7 +373,7 @@ def quantize_kv_kernel(
     from the block's channel max and min that ``kv_channel_stats_kernel(KBLK)`` stored in
     ``kblk`` (bitwise the amax a program spanning the block would take, and its non-finite
     flag): 128-row programs, which spill far less than 256-row ones at D=128 (the Wan 720p
-    quantization 3.2 ms against 3.7, run s8-2; ``launch.KV_QUANT_ROWS`` says where it runs).
+    quantization 3.2 ms against 3.7, run s8-2; ``quant.KV_QUANT_ROWS`` says where it runs).
 
     ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
     column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
