@@ -1,9 +1,11 @@
 """Host side of the fused quantization: the plan-sized workspace and the launches of
 :mod:`fp8dit.kernels.quantize` (channel statistics -> K/V -> Q) that fill it.
 
-The attention launches (:mod:`fp8dit.launch`) read the workspace; the choices here (rows per
-program, sub-tiles, warps) were measured on the H200 and change only speed, never a bit of
-the workspace (``tests/test_sm90_gluon.py`` runs the GPU's sizes against the interpreter's).
+The attention launches (:mod:`fp8dit.launch`) read the workspace. The knobs here (rows per
+program, the statistics pass's sub-tiles and prefetch, warps) were measured on the H200 and
+change speed only: the workspace stays bitwise the same, except that the statistics' sub-tile
+sets the order of its fp32 sums (the channel means' last bits). ``tests/test_sm90_gluon.py``
+runs the GPU's sizes against the interpreter's.
 """
 
 from __future__ import annotations
