@@ -72,7 +72,7 @@ def same_bits(a, b) -> dict:
 
 def _use(kernels):
     for name in KERNELS:
-        setattr(launch, name, kernels[name])
+        setattr(quant, name, kernels[name])
 
 
 def _profile(run):
@@ -96,7 +96,7 @@ def main() -> int:
     a = ap.parse_args()
     prev = _load_prev(a.prev)
     impls = {"prev": {n: getattr(prev, n) for n in KERNELS},
-             "new": {n: getattr(launch, n) for n in KERNELS}}
+             "new": {n: getattr(quant, n) for n in KERNELS}}
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
     record_env(prev=a.prev)

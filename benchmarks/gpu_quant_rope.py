@@ -86,7 +86,7 @@ def main() -> int:
         name, _, path = spec.partition("=")
         mod = _load_prev(path)
         impls[name] = {n: getattr(mod, n) for n in KERNELS}
-    impls["new"] = {n: getattr(launch, n) for n in KERNELS}
+    impls["new"] = {n: getattr(quant, n) for n in KERNELS}
     os.environ["FP8DIT_KERNEL"] = "gluon-ws"
     rec = get_recipe(None)
     record_env(variants=a.prev)

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from fp8dit import launch
+from fp8dit import quant
 from fp8dit.recipes import get_recipe
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -25,7 +25,7 @@ from gpu_gluon import record, record_env, write_rows  # noqa: E402
 from gpu_quant_ab import PRESETS, _profile, same_bits, stage_run  # noqa: E402
 from gpu_quant_warps import time_ms  # noqa: E402
 
-# name -> launch attributes to set (dict entries are merged into the dicts)
+# name -> fp8dit.quant attributes to set (dict entries are merged into the dicts)
 VARIANTS = {
     "base": {},
     "no_prefetch": {"KV_STATS_PREFETCH": False},
@@ -39,23 +39,23 @@ VARIANTS = {
 
 def _defaults():
     return {name: (dict(v) if isinstance(v, dict) else v)
-            for name, v in vars(launch).items()
+            for name, v in vars(quant).items()
             if name in {a for var in VARIANTS.values() for a in var}}
 
 
 def _use(defaults, variant):
     for name, val in defaults.items():
-        cur = getattr(launch, name)
+        cur = getattr(quant, name)
         if isinstance(val, dict):
             cur.clear()
             cur.update(val)
         else:
-            setattr(launch, name, val)
+            setattr(quant, name, val)
     for name, val in VARIANTS[variant].items():
         if isinstance(val, dict):
-            getattr(launch, name).update(val)
+            getattr(quant, name).update(val)
         else:
-            setattr(launch, name, val)
+            setattr(quant, name, val)
 
 
 def main() -> int:
