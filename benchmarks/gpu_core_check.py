@@ -136,7 +136,7 @@ def bench_backends(name, B, H, S, D, n_sets, results, sweep):
                                          device=q.device)
             strides = [launch._bthd_strides(t, "NHD") for t in (q, k, v)]
             wss = [quant.quantize_stage(plan, recipe, scale, s[0], strides[0], s[1],
-                                         strides[1], s[2], strides[2]) for s in sets]
+                                        strides[1], s[2], strides[2]) for s in sets]
             o = torch.empty_like(q)
             lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
             ls = (lse.stride(0), lse.stride(1), lse.stride(2))

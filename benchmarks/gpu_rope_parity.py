@@ -52,8 +52,8 @@ def main(argv=None) -> int:
         ws = {}
         for way, args_ in (("rotated first", (qr, kr, None)), ("fused", (q, k, tables))):
             ws[way] = quant.quantize_stage(plan, recipe, D ** -0.5, args_[0], st, args_[1], st,
-                                            v, st, kv_perm16=sm90 is not None, rope=args_[2],
-                                            rope_start=start)
+                                           v, st, kv_perm16=sm90 is not None, rope=args_[2],
+                                           rope_start=start)
         a, b = ws["rotated first"], ws["fused"]
         print(f"{style}, {dtype} tables, tokens {start}..{start + rows} of {S} x {H} heads, "
               f"D={D}:")

@@ -50,7 +50,7 @@ def _pieces(q, k, v) -> tuple[dict, object]:
 
     def quant():
         return quant.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
-                                     kv_perm16=sm90 is not None)
+                                    kv_perm16=sm90 is not None)
 
     ws = quant()
 

@@ -110,15 +110,15 @@ def _record(monkeypatch):
                                   head_dim=D, is_causal=False, device=q.device)
         st = launch._bthd_strides(q, "NHD")
         quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
-                              kv_perm16=True)
+                             kv_perm16=True)
         for dtype in (torch.float32, torch.bfloat16):  # with Wan's rotary tables fused in
             tables = torch.randn(2, 600, D // 2, generator=g).to(dtype)
             quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
-                                  kv_perm16=True, rope=tables)
+                                 kv_perm16=True, rope=tables)
         # diffusers' apply_rotary_emb on the tokens after a text prefix (CogVideoX)
         tables = torch.randn(2, 500, D, generator=g)  # whole cos and sin rows
         quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
-                              kv_perm16=True, rope=tables, rope_start=100)
+                             kv_perm16=True, rope=tables, rope_start=100)
         monkeypatch.delitem(launch.TILE_OVERRIDES, D)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
     assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2, 3}

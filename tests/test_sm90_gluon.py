@@ -28,7 +28,7 @@ def _workspace(kv_perm16, S=300, D=64):
                               is_causal=False, device=q.device)
     st = launch._bthd_strides(q, "NHD")
     return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st, v, st,
-                                 kv_perm16=kv_perm16)
+                                kv_perm16=kv_perm16)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
@@ -68,7 +68,7 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
         monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
         try:
             ws = quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
-                                       v, st, kv_perm16=True)
+                                      v, st, kv_perm16=True)
         finally:
             monkeypatch.undo()
         return plan, ws, v
@@ -129,8 +129,8 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))
             return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
-                                         launch._bthd_strides(k, "varlen"), v,
-                                         launch._bthd_strides(v, "varlen"), kv_perm16=True)
+                                        launch._bthd_strides(k, "varlen"), v,
+                                        launch._bthd_strides(v, "varlen"), kv_perm16=True)
 
     spanning, from_stats = ws(0), ws(128)
     live = from_stats.k_scale.isfinite().repeat_interleave(256, 1)[..., None]  # [Hkv, T, 1]
@@ -173,7 +173,7 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))
             return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
-                                         st[1], v, st[2], kv_perm16=True)
+                                        st[1], v, st[2], kv_perm16=True)
 
     def with_knob(on):
         if knob == "stats_prefetch":

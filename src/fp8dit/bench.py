@@ -712,8 +712,8 @@ def _unavailable_everywhere(rows: list[dict]) -> dict[str, list[str]]:
         errors.setdefault(r["backend"], set()).add(r.get("error"))
     by_reason: dict[str, list[str]] = {}
     for name, errs in errors.items():
-        (err,) = errs if len(errs) == 1 else (None,)
-        if isinstance(err, str) and err.startswith("unavailable:"):
+        err = next(iter(errs))
+        if len(errs) == 1 and isinstance(err, str) and err.startswith("unavailable:"):
             by_reason.setdefault(err, []).append(name)
     return by_reason
 
