@@ -34,6 +34,14 @@ VARIANTS = {
     "kv64": {"KV_QUANT_ROWS": {128: 64}},
     "kv32_d64": {"KV_QUANT_ROWS": {64: 32}},
     "kv128_d64": {"KV_QUANT_ROWS": {64: 128}},
+    # session 24: programs walking several blocks, the next one's loads issued first
+    "q_it2": {"Q_QUANT_ITERS": {128: 2, 64: 2}},
+    "q_it4": {"Q_QUANT_ITERS": {128: 4, 64: 4}},
+    "q_it8": {"Q_QUANT_ITERS": {128: 8, 64: 8}},
+    "kv_it2": {"KV_QUANT_ITERS": {128: 2, 64: 2}},
+    "kv_it4": {"KV_QUANT_ITERS": {128: 4, 64: 4}},
+    "kv_it8": {"KV_QUANT_ITERS": {128: 8, 64: 8}},
+    "both_it4": {"Q_QUANT_ITERS": {128: 4, 64: 4}, "KV_QUANT_ITERS": {128: 4, 64: 4}},
 }
 
 

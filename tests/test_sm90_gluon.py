@@ -148,13 +148,14 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows"])
+@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows", "q_iters",
+                                  "kv_iters"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
-    GPU's K/V and Q program rows) change only how the work is cut, never a byte of the
-    workspace; the GPU's statistics sub-tile (the interpreter keeps a larger one) only the order
-    of the sums. Varlen with an empty query sequence and lengths that end mid-block, GQA, D=72,
-    and a NaN key (its block's scale NaN)."""
+    GPU's K/V and Q program rows, K/V's and Q's blocks per program) change only how the work is
+    cut, never a byte of the workspace; the GPU's statistics sub-tile (the interpreter keeps a
+    larger one) only the order of the sums. Varlen with an empty query sequence and lengths that
+    end mid-block, GQA, D=72, and a NaN key (its block's scale NaN)."""
     q_lens, k_lens = [300, 0, 77], [300, 520, 77]
     D = 72
     g = torch.Generator().manual_seed(2)
@@ -183,8 +184,12 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
                                 quant.KV_STATS_SUB_ELEMS if on else 2048)
         elif knob == "kv_rows":  # the GPU's rows (32 at D=128) against 128
             monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
-        else:
+        elif knob == "q_rows":
             monkeypatch.setitem(quant.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
+        elif knob == "q_iters":  # three blocks per program (not a divisor of 4 per q tile)
+            monkeypatch.setitem(quant.Q_QUANT_ITERS, 128, 3 if on else 1)
+        else:  # three blocks per program (not a divisor of the 8 per 256-key block)
+            monkeypatch.setitem(quant.KV_QUANT_ITERS, 128, 3 if on else 1)
         return ws()
 
     rows = {"kv": quant.KV_QUANT_ROWS[128], "q": quant.Q_QUANT_ROWS[128]}

@@ -68,6 +68,10 @@ K_SCALE_KEYS = 256
 # then takes the K block max/min: +0.03 ms, net -0.03).
 # Run s12-4: 32 rows at D=128, 0.71 ms at Wan 720p against 0.79 for 64 (Wan 480p 0.31 / 0.34).
 KV_QUANT_ROWS: dict[int, int] = {128: 32, 64: 64}
+# Blocks walked by one quantize_kv program, the next block's K and V loads issued before the
+# current one's work (``quantize_kv_kernel(ITERS)``), by padded head dim; absent: 1. Bitwise
+# the same workspace either way.
+KV_QUANT_ITERS: dict[int, int] = {}
 # Warps of the channel-statistics pass (8 measured slower in runs s8-2 and s12-2).
 KV_STATS_WARPS = 4
 # Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim), and
@@ -84,6 +88,10 @@ KV_STATS_PREFETCH = True
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
 # Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
 Q_QUANT_ROWS: dict[int, int] = {128: 32}
+# Blocks of Q_QUANT_ROWS rows walked by one quantize_q program, the next block's loads issued
+# before the current one's work (``quantize_q_kernel(ITERS)``), by padded head dim; absent: 1.
+# Bitwise the same workspace either way.
+Q_QUANT_ITERS: dict[int, int] = {}
 
 
 @dataclass
@@ -209,25 +217,29 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
         )
         rows = qbn // n_prog
-        quantize_kv_kernel[grid(plan.max_k_blocks * k_sub * n_prog, Hkv)](
+        kv_iters = KV_QUANT_ITERS.get(Dp, 1)
+        quantize_kv_kernel[grid(-(-plan.max_k_blocks * k_sub * n_prog // kv_iters), Hkv)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
             rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=rows, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
+            ITERS=kv_iters,
             num_warps=tile_warps(rows, Dp), **rope_args,
         )
     if plan.max_q_blocks:
         q_rows = Q_QUANT_ROWS.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
-        quantize_q_kernel[grid(plan.max_q_blocks * q_sub, H)](
+        q_iters = Q_QUANT_ITERS.get(Dp, 1)
+        quantize_q_kernel[grid(-(-plan.max_q_blocks * q_sub // q_iters), H)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, num_warps=tile_warps(BM // q_sub, Dp), **rope_args,
+            SUBBLOCKS=q_sub, ITERS=q_iters, num_warps=tile_warps(BM // q_sub, Dp),
+            **rope_args,
         )
     return ws
 

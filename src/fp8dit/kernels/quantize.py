@@ -350,6 +350,21 @@ def kv_stats_finalize_kernel(
 
 
 @triton.jit
+def _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk, k_sb, k_st, k_sh, k_sd,
+                   v_sb, v_st, v_sh, v_sd, offs_d, dmask, loc, vloc, BLOCK_N: tl.constexpr):
+    """Block ``blk`` of ``BLOCK_N`` tokens of one kv head of K and of V (V's rows in the order
+    ``vloc``), in their dtype, masked at ``k_len`` (a block past the keys loads nothing)."""
+    tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
+    m = (blk * BLOCK_N + loc < k_len)[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
+                + loc[:, None] * k_st + offs_d[None, :] * k_sd, mask=m, other=0.0)
+    mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
+    v = tl.load(v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
+                + vloc[:, None] * v_st + offs_d[None, :] * v_sd, mask=mv, other=0.0)
+    return k, v
+
+
+@triton.jit
 def quantize_kv_kernel(
     k_ptr, v_ptr, k_mean_ptr, seq_ptr,
     k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr, amax_ptr, rot_ptr,
@@ -360,11 +375,15 @@ def quantize_kv_kernel(
     SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
+    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False, ITERS: tl.constexpr = 1,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
-    """One block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
+    """``ITERS`` consecutive blocks of ``BLOCK_N`` tokens of one kv head: smooth + quantize K,
+    center + quantize V.
+
+    ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's K and V
+    before the current one's work (as ``quantize_q_kernel(ITERS)``).
 
     ``SUBBLOCKS``: the attention kernel's kv blocks hold this many of these blocks (its 256-key
     steps, two of 128): K keeps one scale per ``BLOCK_N`` tokens (``n_kblocks`` counts
@@ -385,7 +404,7 @@ def quantize_kv_kernel(
     it; heads first in the grid (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    blk, h, Hkv = _block_and_head(ROPE != 0)
+    pid, h, Hkv = _block_and_head(ROPE != 0)
     b = tl.program_id(2)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
@@ -394,106 +413,138 @@ def quantize_kv_kernel(
     k_pad = tl.multiple_of(tl.load(seq_ptr + b * 8 + 5), 16)
     k_blk = tl.load(seq_ptr + b * 8 + 6)
     k_plan = tl.load(seq_ptr + b * 8 + 7)
-    # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
-    # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN. So are
-    # the blocks between the call's key length and the plan's (SEQ_K_PLAN), which the
-    # attention kernel visits masked.
-    blk_start = (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N)
-    if blk_start < k_plan:
-        offs_d = tl.arange(0, DP)
-        dmask = offs_d < D
-        stat = (b * Hkv + h) * DP + offs_d
-        k_mean = tl.load(k_mean_ptr + stat)
-        v_mean = tl.load(v_mean_ptr + stat)
-        v_scale = tl.load(v_scale_ptr + stat)
+    offs_d = tl.arange(0, DP)
+    dmask = offs_d < D
+    stat = (b * Hkv + h) * DP + offs_d
+    k_mean = tl.load(k_mean_ptr + stat)
+    v_mean = tl.load(v_mean_ptr + stat)
+    v_scale = tl.load(v_scale_ptr + stat)
+    loc = tl.arange(0, BLOCK_N)
+    if KV_PERM16:
+        # V's rows are read in the order the attention kernel's P registers want them
+        # (row i of the tile is token vloc[i]), so V^T is stored straight along tokens:
+        # permuting the stored tile in registers made that store byte-wise (sm_90 SASS of
+        # triton 3.6: 32 STG.E.U8 per thread, each with its own 64-bit address).
+        r16 = loc % 16
+        vloc = loc - r16 + ((r16 // 2) % 2) * 8 + (r16 // 4) * 2 + r16 % 2
+    else:
+        vloc = loc
+    blk0 = pid * ITERS
+    if ITERS > 1:
+        k_nxt, v_nxt = _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk0, k_sb, k_st, k_sh,
+                                      k_sd, v_sb, v_st, v_sh, v_sd, offs_d, dmask, loc, vloc,
+                                      BLOCK_N)
+    for it in tl.static_range(ITERS):
+        blk = blk0 + it
+        if ITERS > 1:
+            k_cur = k_nxt
+            v_cur = v_nxt
+            if it + 1 < ITERS:
+                k_nxt, v_nxt = _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk + 1, k_sb,
+                                              k_st, k_sh, k_sd, v_sb, v_st, v_sh, v_sd, offs_d,
+                                              dmask, loc, vloc, BLOCK_N)
+        # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
+        # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN. So are
+        # the blocks between the call's key length and the plan's (SEQ_K_PLAN), which the
+        # attention kernel visits masked.
+        blk_start = (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N)
+        if blk_start < k_plan:
+            rows = blk * BLOCK_N + loc
+            rmask = rows < k_len
+            m = rmask[:, None] & dmask[None, :]
+            tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
+            if ITERS > 1:
+                k = k_cur.to(tl.float32)
+            else:
+                k = tl.load(
+                    k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
+                    + loc[:, None] * k_st + offs_d[None, :] * k_sd,
+                    mask=m, other=0.0,
+                ).to(tl.float32)
+            if ROPE:
+                k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
+                                loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
+                                SOFT_FP8_CAST)
+            mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
+            v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
+                    + vloc[:, None] * v_st + offs_d[None, :] * v_sd)
+            if ITERS > 1:
+                v = v_cur
+            elif KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
+                # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
+                # after the K store in program order); 256-row programs (D=64) measured slower
+                # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
+                # the count below left out)
+                v = tl.load(v_at, mask=mv, other=0.0)
+            ks = tl.where(m, k - k_mean[None, :], 0.0)
+            if not KAMAX_FROM_STATS:
+                n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
+            if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
+                ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
+            if TENSOR_SCALES:
+                k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
+            elif KAMAX_FROM_STATS:
+                kst = kblk_ptr + ((h * n_kblocks + k_blk + blk // SUBBLOCKS) * 2) * DP + offs_d
+                kmx = tl.load(kst)
+                kmn = tl.load(kst + DP)
+                # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
+                # its mean overflowing is flagged here, so the tile's own count is not taken
+                span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
+                ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
+                n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
+                k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
+                k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+                # a block past the call's keys: its statistics were never written; a unit scale
+                # keeps its (masked) scores finite
+                n_bad = tl.where(blk_start < k_len, n_bad, 0)
+                k_scale = tl.where(blk_start < k_len, k_scale, 1.0)
+            else:
+                k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
+                k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+            k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+            prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
+            k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
+            if TWO_TERM:
+                tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
+            k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
+            tl.store(k8_ptr + k_at, k8)
+            if KAMAX_FROM_STATS:  # the block's scale, from its first program
+                if blk % SUBBLOCKS == 0:
+                    tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk // SUBBLOCKS, k_scale)
+            else:
+                tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
 
-        loc = tl.arange(0, BLOCK_N)
-        rows = blk * BLOCK_N + loc
-        rmask = rows < k_len
-        m = rmask[:, None] & dmask[None, :]
-        tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
-        k = tl.load(
-            k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
-            + loc[:, None] * k_st + offs_d[None, :] * k_sd,
-            mask=m, other=0.0,
-        ).to(tl.float32)
-        if ROPE:
-            k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
-                            loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
-                            SOFT_FP8_CAST)
-        if KV_PERM16:
-            # V's rows are read in the order the attention kernel's P registers want them
-            # (row i of the tile is token vloc[i]), so V^T is stored straight along tokens:
-            # permuting the stored tile in registers made that store byte-wise (sm_90 SASS of
-            # triton 3.6: 32 STG.E.U8 per thread, each with its own 64-bit address).
-            r16 = loc % 16
-            vloc = loc - r16 + ((r16 // 2) % 2) * 8 + (r16 // 4) * 2 + r16 % 2
-        else:
-            vloc = loc
-        mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
-        v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
-                + vloc[:, None] * v_st + offs_d[None, :] * v_sd)
-        if KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
-            # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
-            # after the K store in program order); 256-row programs (D=64) measured slower
-            # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
-            # the count below left out)
-            v = tl.load(v_at, mask=mv, other=0.0)
-        ks = tl.where(m, k - k_mean[None, :], 0.0)
-        if not KAMAX_FROM_STATS:
-            n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
-        if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-            ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
-        if TENSOR_SCALES:
-            k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
-        elif KAMAX_FROM_STATS:
-            kst = kblk_ptr + ((h * n_kblocks + k_blk + blk // SUBBLOCKS) * 2) * DP + offs_d
-            kmx = tl.load(kst)
-            kmn = tl.load(kst + DP)
-            # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
-            # its mean overflowing is flagged here, so the tile's own count is not taken
-            span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
-            ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
-            n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
-            k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
-            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
-            # a block past the call's keys: its statistics were never written; a unit scale
-            # keeps its (masked) scores finite
-            n_bad = tl.where(blk_start < k_len, n_bad, 0)
-            k_scale = tl.where(blk_start < k_len, k_scale, 1.0)
-        else:
-            k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
-            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
-        k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
-        prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
-        k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
-        if TWO_TERM:
-            tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
-        k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
-        tl.store(k8_ptr + k_at, k8)
-        if KAMAX_FROM_STATS:  # the block's scale, from its first program
-            if blk % SUBBLOCKS == 0:
-                tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk // SUBBLOCKS, k_scale)
-        else:
-            tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
+            if ITERS == 1 and (ROPE or not KAMAX_FROM_STATS):
+                v = tl.load(v_at, mask=mv, other=0.0)
+            v = v.to(tl.float32)
+            # Transposed in registers so the store runs along tokens (contiguous in v8t).
+            if PV_BF16:
+                v8t = tl.trans(to_bf16(tl.where(mv, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
+            else:
+                # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention
+                # kernel multiplies P by it): see v_block_log2_scale.
+                inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
+                vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
+                v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+            tl.store(
+                v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
+                + offs_d[:, None] * Tk_pad + loc[None, :],
+                v8t,
+            )
 
-        if ROPE or not KAMAX_FROM_STATS:
-            v = tl.load(v_at, mask=mv, other=0.0)
-        v = v.to(tl.float32)
-        # Transposed in registers so the store runs along tokens (contiguous in v8t).
-        if PV_BF16:
-            v8t = tl.trans(to_bf16(tl.where(mv, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
-        else:
-            # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention kernel
-            # multiplies P by it): see v_block_log2_scale.
-            inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
-            vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
-            v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
-        tl.store(
-            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
-            + offs_d[:, None] * Tk_pad + loc[None, :],
-            v8t,
-        )
+
+@triton.jit
+def _load_q_rows(q_ptr, b, h, q_src, q_len, blk, q_sb, q_st, q_sh, q_sd, D,
+                 DP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Rows [blk * BLOCK_M, (blk + 1) * BLOCK_M) of one head of Q in its dtype (masked at
+    ``q_len``: a block past the sequence loads nothing)."""
+    offs_d = tl.arange(0, DP)
+    loc = tl.arange(0, BLOCK_M)
+    m = (blk * BLOCK_M + loc < q_len)[:, None] & (offs_d < D)[None, :]
+    # 64-bit scalar base, 32-bit offsets within the tile (see _load_kv_sub)
+    tok0 = (q_src + blk * BLOCK_M).to(tl.int64)
+    return tl.load(q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + tok0 * q_st
+                   + loc[:, None] * q_st + offs_d[None, :] * q_sd, mask=m, other=0.0)
 
 
 @triton.jit
@@ -506,13 +557,17 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
+    ITERS: tl.constexpr = 1,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
-    """One block of ``BLOCK_M`` query tokens of one head: per-token fp8 scale.
+    """``ITERS`` consecutive blocks of ``BLOCK_M`` query tokens of one head: per-token scale.
 
     ``SUBBLOCKS``: the plan's query tiles (padded per sequence) hold this many of these blocks;
     every block of a live tile is written, rows past the sequence as zeros.
+    ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's rows
+    before the current one's work, so its loads overlap its arithmetic and stores (as the
+    statistics pass's ``PREFETCH``) instead of waiting for each block in a fresh program.
 
     Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
@@ -522,55 +577,61 @@ def quantize_q_kernel(
     (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    blk, h, H = _block_and_head(ROPE != 0)
+    pid, h, H = _block_and_head(ROPE != 0)
     b = tl.program_id(2)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     q_src = tl.load(seq_ptr + b * 8 + 2)
     q_pad = tl.multiple_of(tl.load(seq_ptr + b * 8 + 4), 16)  # a multiple of the q tile
-    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
-        offs_d = tl.arange(0, DP)
-        dmask = offs_d < D
-        loc = tl.arange(0, BLOCK_M)
-        rows = blk * BLOCK_M + loc
-        rmask = rows < q_len
-        m = rmask[:, None] & dmask[None, :]
-        tok0 = (q_src + blk * BLOCK_M).to(tl.int64)
-        q = tl.load(
-            q_ptr + b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + tok0 * q_st
-            + loc[:, None] * q_st + offs_d[None, :] * q_sd,
-            mask=m, other=0.0,
-        ).to(tl.float32)
-        if ROPE:
-            q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
-                            loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE, ROPE_RANGE,
-                            SOFT_FP8_CAST)
-        if ROTATE:
-            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
-        else:
-            qr = q
-        if TENSOR_SCALES:
-            scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
-        else:
-            amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
-            scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
-        q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
-        n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
-        prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in the [H*Tq_pad] view
-        q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
-        if TWO_TERM:
-            tl.store(q8lo_ptr + q_at,
-                     residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
-        scale = tl.where(n_bad > 0, float("nan"), scale)
-        tl.store(q8_ptr + q_at, q8)
-        tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
-        corr = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if SMOOTH_K:
-            if k_len > 0:
-                k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
-                corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
-        tl.store(q_lse_corr_ptr + prow0 + loc, corr)
+    offs_d = tl.arange(0, DP)
+    loc = tl.arange(0, BLOCK_M)
+    blk0 = pid * ITERS
+    if ITERS > 1:
+        q_nxt = _load_q_rows(q_ptr, b, h, q_src, q_len, blk0, q_sb, q_st, q_sh, q_sd, D,
+                             DP, BLOCK_M)
+    for it in tl.static_range(ITERS):
+        blk = blk0 + it
+        if ITERS > 1:
+            q_raw = q_nxt
+            if it + 1 < ITERS:
+                q_nxt = _load_q_rows(q_ptr, b, h, q_src, q_len, blk + 1, q_sb, q_st, q_sh,
+                                     q_sd, D, DP, BLOCK_M)
+        if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
+            if ITERS == 1:
+                q_raw = _load_q_rows(q_ptr, b, h, q_src, q_len, blk, q_sb, q_st, q_sh, q_sd,
+                                     D, DP, BLOCK_M)
+            q = q_raw.to(tl.float32)
+            rmask = blk * BLOCK_M + loc < q_len
+            if ROPE:
+                q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
+                                loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
+                                ROPE_RANGE, SOFT_FP8_CAST)
+            if ROTATE:
+                qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
+            else:
+                qr = q
+            if TENSOR_SCALES:
+                scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
+            else:
+                amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
+                scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
+            q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
+            n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
+            prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in [H*Tq_pad]
+            q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
+            if TWO_TERM:
+                tl.store(q8lo_ptr + q_at,
+                         residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
+            scale = tl.where(n_bad > 0, float("nan"), scale)
+            tl.store(q8_ptr + q_at, q8)
+            tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
+            corr = tl.zeros([BLOCK_M], dtype=tl.float32)
+            if SMOOTH_K:
+                if k_len > 0:
+                    k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
+                    corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
+            tl.store(q_lse_corr_ptr + prow0 + loc, corr)
 
 
 # ---------------------------------------------------------------------------------------------
