@@ -42,6 +42,15 @@ VARIANTS = {
     "kv_it4": {"KV_QUANT_ITERS": {128: 4, 64: 4}},
     "kv_it8": {"KV_QUANT_ITERS": {128: 8, 64: 8}},
     "both_it4": {"Q_QUANT_ITERS": {128: 4, 64: 4}, "KV_QUANT_ITERS": {128: 4, 64: 4}},
+    # session 24: unmasked / untested paths for finite data (fewer instructions per byte)
+    "stats_fast": {"KV_STATS_FULL_FAST": True},
+    "stats_fast_sub8": {"KV_STATS_FULL_FAST": True, "KV_STATS_SUB_ELEMS": 1024},
+    "q_fast": {"Q_QUANT_FINITE_FAST": True},
+    "kv_fast": {"KV_QUANT_FINITE_FAST": True},
+    "all_fast": {"KV_STATS_FULL_FAST": True, "Q_QUANT_FINITE_FAST": True,
+                 "KV_QUANT_FINITE_FAST": True},
+    "all_fast_q_it4": {"KV_STATS_FULL_FAST": True, "Q_QUANT_FINITE_FAST": True,
+                       "KV_QUANT_FINITE_FAST": True, "Q_QUANT_ITERS": {128: 4, 64: 4}},
 }
 
 

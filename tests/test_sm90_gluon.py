@@ -149,13 +149,16 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
 @pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows", "q_iters",
-                                  "kv_iters"])
+                                  "kv_iters", "stats_full_fast", "q_finite_fast",
+                                  "kv_finite_fast"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
-    GPU's K/V and Q program rows, K/V's and Q's blocks per program) change only how the work is
-    cut, never a byte of the workspace; the GPU's statistics sub-tile (the interpreter keeps a
-    larger one) only the order of the sums. Varlen with an empty query sequence and lengths that
-    end mid-block, GQA, D=72, and a NaN key (its block's scale NaN)."""
+    GPU's K/V and Q program rows, K/V's and Q's blocks per program, the statistics' unmasked
+    pass for whole chunks of finite values, Q's and K's blocks of finite values without tests)
+    change only how the work is cut, never a byte of the workspace; the GPU's statistics
+    sub-tile (the interpreter keeps a larger one) only the order of the sums. Varlen with an
+    empty query sequence and lengths that end mid-block, GQA, D=72, and a NaN key (its block's
+    scale NaN)."""
     q_lens, k_lens = [300, 0, 77], [300, 520, 77]
     D = 72
     g = torch.Generator().manual_seed(2)
@@ -186,6 +189,12 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
             monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
         elif knob == "q_rows":
             monkeypatch.setitem(quant.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
+        elif knob == "stats_full_fast":  # whole chunks (one with the NaN key) unmasked
+            monkeypatch.setattr(quant, "KV_STATS_FULL_FAST", on)
+        elif knob == "kv_finite_fast":
+            monkeypatch.setattr(quant, "KV_QUANT_FINITE_FAST", on)
+        elif knob == "q_finite_fast":
+            monkeypatch.setattr(quant, "Q_QUANT_FINITE_FAST", on)
         elif knob == "q_iters":  # three blocks per program (not a divisor of 4 per q tile)
             monkeypatch.setitem(quant.Q_QUANT_ITERS, 128, 3 if on else 1)
         else:  # three blocks per program (not a divisor of the 8 per 256-key block)
@@ -208,6 +217,98 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
                 assert diff.nan_to_num(0).gt(0).float().mean() < 0.01, name
             continue
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch):
+    """With ``KV_STATS_FULL_FAST`` the masked statistics pass runs only for chunks that end past
+    the sequence or hold a non-finite value (the unmasked pass found it and handed the chunk
+    back); the workspace is bitwise the one without it (and the non-finite key still gives its
+    block a NaN scale). Counted by wrapping the masked pass, which the interpreter calls as a
+    Python function."""
+    from fp8dit.kernels import quantize as kq
+
+    k_lens = [600, 256]  # 256-token chunks: two whole + one partial, and one whole
+    D = 64
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
+    k = (torch.randn(sum(k_lens), 2, D, generator=g) + torch.randn(D, generator=g) * 4).bfloat16()
+    v = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
+    monkeypatch.setitem(launch.TILE_OVERRIDES, 64, dict(block_n=256))
+    plan, _ = launch.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
+                              head_dim=D, is_causal=False, device=q.device)
+    assert plan.stats_chunk == 256
+    calls = []
+    masked = kq._stats_chunk_masked
+
+    def counted(*args):
+        calls.append(1)
+        return masked(*args)
+
+    monkeypatch.setattr(kq, "_stats_chunk_masked", counted)
+
+    def ws(fast):
+        monkeypatch.setattr(quant, "KV_STATS_FULL_FAST", fast)
+        calls.clear()
+        st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
+        return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+                                    st[1], v, st[2], kv_perm16=True), len(calls)
+
+    names = ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean")
+    for nan_at in (None, (300, 1, 5)):  # a NaN key in sequence 0's second whole chunk
+        if nan_at:
+            k[nan_at] = float("nan")
+        (base, n_base), (fast, n_fast) = ws(False), ws(True)
+        assert n_base == 4 * 2  # every chunk of both heads
+        assert n_fast == 1 * 2 + (1 if nan_at else 0)  # the partial chunks (+ the NaN one)
+        for name in names:
+            a, b = getattr(base, name), getattr(fast, name)
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+        assert base.k_scale.isnan().sum() == (1 if nan_at else 0)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+def test_query_blocks_of_finite_values_skip_the_tests_bitwise(monkeypatch):
+    """With ``Q_QUANT_FINITE_FAST`` only query blocks holding a NaN or an infinity go through
+    the tested path (``_q_scales_and_codes``, counted by wrapping it: the interpreter calls it
+    as a Python function); codes, scales (NaN for those rows) and LSE shifts are bitwise the
+    ones without it."""
+    from fp8dit.kernels import quantize as kq
+
+    S, D = 300, 64  # 32-row blocks: 10 per head, the last one partial
+    g = torch.Generator().manual_seed(5)
+    q = (torch.randn(1, 2, S, D, generator=g) * 3).bfloat16()
+    q[0, 0, 40, 7] = float("nan")  # head 0, block 1
+    q[0, 1, 299, 0] = float("-inf")  # head 1, the partial block
+    q[0, 1, 100, 3] = 3e38  # finite, near bf16's largest: stays on the fast path
+    k = (torch.randn(1, 2, S, D, generator=g) + torch.randn(D, generator=g) * 4).bfloat16()
+    v = torch.randn(1, 2, S, D, generator=g).bfloat16()
+    monkeypatch.setitem(quant.Q_QUANT_ROWS, 64, 32)
+    plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
+                              head_dim=D, is_causal=False, device=q.device)
+    calls = []
+    tested = kq._q_scales_and_codes
+
+    def counted(*args):
+        calls.append(1)
+        return tested(*args)
+
+    monkeypatch.setattr(kq, "_q_scales_and_codes", counted)
+
+    def ws(fast):
+        monkeypatch.setattr(quant, "Q_QUANT_FINITE_FAST", fast)
+        calls.clear()
+        st = [launch._bthd_strides(t, "HND") for t in (q, k, v)]
+        return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+                                    st[1], v, st[2], kv_perm16=True), len(calls)
+
+    (base, n_base), (fast, n_fast) = ws(False), ws(True)
+    n_blocks = 2 * -(-S // 32)
+    assert n_base == n_blocks and n_fast == 2
+    for name in ("q8", "q_scale", "q_corr"):
+        a, b = getattr(base, name), getattr(fast, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    assert base.q_scale.isnan().sum() == 2
 
 
 def _poisoned(empty):

@@ -85,6 +85,11 @@ KV_STATS_SUB_ELEMS = 512
 # means' last bits); tests/test_sm90_gluon.py runs the GPU's size against this one.
 KV_STATS_SUB_ELEMS_INTERPRET = 2048
 KV_STATS_PREFETCH = True
+# Whole chunks of finite values through the statistics pass's unmasked loop
+# (``kv_channel_stats_kernel(FULL_FAST)``; bitwise the same statistics): ~1/3 of the masked
+# loop's instructions (sm_90 SASS), which issued as many as the DRAM bandwidth leaves time for.
+# Off until measured on the H200.
+KV_STATS_FULL_FAST = False
 # Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
 # Run s12-3: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
 Q_QUANT_ROWS: dict[int, int] = {128: 32}
@@ -92,6 +97,13 @@ Q_QUANT_ROWS: dict[int, int] = {128: 32}
 # before the current one's work (``quantize_q_kernel(ITERS)``), by padded head dim; absent: 1.
 # Bitwise the same workspace either way.
 Q_QUANT_ITERS: dict[int, int] = {}
+# quantize_q's blocks of finite values without finiteness tests and clamps
+# (``quantize_q_kernel(FINITE_FAST)``; bitwise the same workspace): its SASS spent ~24
+# instructions per element (sm_90, 32-row programs), about as many as the DRAM bandwidth
+# leaves time for. Off until measured on the H200.
+Q_QUANT_FINITE_FAST = False
+# The same for K's codes in quantize_kv (blocks the statistics pass found finite).
+KV_QUANT_FINITE_FAST = False
 
 
 @dataclass
@@ -208,6 +220,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
             KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
+            FULL_FAST=KV_STATS_FULL_FAST,
             num_warps=KV_STATS_WARPS, SOFT_CAST=soft, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
@@ -225,7 +238,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            ITERS=kv_iters,
+            ITERS=kv_iters, FINITE_FAST=KV_QUANT_FINITE_FAST,
             num_warps=tile_warps(rows, Dp), **rope_args,
         )
     if plan.max_q_blocks:
@@ -238,7 +251,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, ITERS=q_iters, num_warps=tile_warps(BM // q_sub, Dp),
+            SUBBLOCKS=q_sub, ITERS=q_iters, FINITE_FAST=Q_QUANT_FINITE_FAST,
+            num_warps=tile_warps(BM // q_sub, Dp),
             **rope_args,
         )
     return ws

@@ -159,6 +159,43 @@ def cast_for_store(x, dst_ptr, SOFT_CAST: tl.constexpr):
 
 
 @triton.jit
+def max_same_dtype(a, b, SOFT_CAST: tl.constexpr):
+    """Element-wise max of two tensors in their own dtype (a max of bf16 or fp16 values is one
+    of them, so no rounding is involved): ``max.bf16x2`` / ``max.f16x2`` on the GPU, two values
+    per instruction without conversions (Triton's ``tl.maximum`` widens 16-bit operands to
+    fp32). A NaN operand gives the other one, as ``tl.maximum``. The interpreter (no PTX) takes
+    the fp32 max and narrows it back, exact; so do other dtypes (fp32: the max itself)."""
+    if SOFT_CAST:
+        # widened by hand: the interpreter holds bf16 as 16-bit integers and compares those
+        r = tl.maximum(a.to(tl.float32), b.to(tl.float32)).to(a.dtype)
+    elif a.dtype == tl.bfloat16:
+        r = tl.inline_asm_elementwise("max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                      dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif a.dtype == tl.float16:
+        r = tl.inline_asm_elementwise("max.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                      dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        r = tl.maximum(a.to(tl.float32), b.to(tl.float32)).to(a.dtype)
+    return r
+
+
+@triton.jit
+def min_same_dtype(a, b, SOFT_CAST: tl.constexpr):
+    """Element-wise min in the operands' dtype (see :func:`max_same_dtype`)."""
+    if SOFT_CAST:
+        r = tl.minimum(a.to(tl.float32), b.to(tl.float32)).to(a.dtype)
+    elif a.dtype == tl.bfloat16:
+        r = tl.inline_asm_elementwise("min.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                      dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif a.dtype == tl.float16:
+        r = tl.inline_asm_elementwise("min.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                      dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        r = tl.minimum(a.to(tl.float32), b.to(tl.float32)).to(a.dtype)
+    return r
+
+
+@triton.jit
 def finite_or(x, fill):
     """``x`` where finite, else ``fill``: keeps one bad element from poisoning a shared scale."""
     return tl.where((x == x) & (tl.abs(x) < float("inf")), x, fill)
@@ -172,6 +209,14 @@ def to_int8_rn(x):
     """
     x = tl.where(x == x, x, 0.0)
     x = tl.minimum(tl.maximum(x, -127.0), 127.0)
+    return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
+
+
+@triton.jit
+def int8_rn_in_range(x):
+    """:func:`to_int8_rn` for finite ``x`` within [-127.5, 127.5] (a value times the inverse
+    of its block's amax / 127), bitwise: without its NaN test and clamp, which cannot change
+    such a value."""
     return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
 
 

@@ -28,6 +28,9 @@ import triton.language as tl
 from .common import (
     cast_for_store,
     finite_or,
+    int8_rn_in_range,
+    max_same_dtype,
+    min_same_dtype,
     mul_rn,
     quantize_tile,
     residual_int8,
@@ -186,13 +189,142 @@ def _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t, end, offs_d, dmask, l
 
 
 @triton.jit
+def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask, loc,
+                        out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
+                        DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                        KBLK: tl.constexpr, PREFETCH: tl.constexpr, HALF_D: tl.constexpr,
+                        ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+    """One chunk of ``kv_channel_stats_kernel``, any length and any values: rows past ``k_len``
+    masked, non-finite values left out (and K's flagged per block). Stores the chunk's four
+    rows at ``out`` and, with ``KBLK``, each block's K max and min from ``kout`` on."""
+    # Element-wise partials over the chunk, reduced across rows once at the end: a
+    # cross-warp reduction per tile (four of them) ran this pass at ~400 GB/s.
+    ksum = tl.zeros([SUB, DP], dtype=tl.float32)
+    vsum = tl.zeros([SUB, DP], dtype=tl.float32)
+    vmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
+    vmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
+    KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
+    end = tl.minimum(k_len, t0 + CHUNK)  # the prefetch stops at the chunk's end
+    if PREFETCH:
+        k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
+                                    offs_d, dmask, loc)
+    for j in range(0, CHUNK, KB):
+        if KBLK > 0:
+            kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
+            kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
+            kbad = tl.zeros([SUB, DP], dtype=tl.int32)
+        for i in range(j, j + KB, SUB):
+            m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
+            if PREFETCH:
+                k = k_nxt
+                v = v_nxt
+                k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
+                                            t0 + i + SUB, end, offs_d, dmask, loc)
+            else:
+                k, v = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + i, k_len,
+                                    offs_d, dmask, loc)
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            if ROPE:
+                k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i,
+                                loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
+                                HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+            ksum += finite_or(k, 0.0)
+            vsum += finite_or(v, 0.0)
+            vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
+            vmin = tl.minimum(vmin, tl.where(m, finite_or(v, float("inf")), float("inf")))
+            if KBLK > 0:
+                # as the quantizer's own amax: non-finite values left out (and flagged)
+                ok = m & (finite_or(k, 0.0) == k)
+                kmax = tl.maximum(kmax, tl.where(ok, k, float("-inf")))
+                kmin = tl.minimum(kmin, tl.where(ok, k, float("inf")))
+                kbad += tl.where(m & ~ok, 1, 0)
+        if KBLK > 0:
+            if t0 + j < k_len:
+                bad = tl.sum(tl.sum(kbad, 0), 0)
+                kmx = tl.where(bad > 0, float("nan"), tl.max(kmax, 0))
+                ko = kout + (j // KBLK) * 2 * DP
+                tl.store(ko + offs_d, kmx)
+                tl.store(ko + DP + offs_d, tl.min(kmin, 0))
+    tl.store(out, tl.sum(ksum, 0))
+    tl.store(out + DP, tl.sum(vsum, 0))
+    tl.store(out + 2 * DP, tl.max(vmax, 0))
+    tl.store(out + 3 * DP, tl.min(vmin, 0))
+
+
+@triton.jit
+def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, loc, out, kout,
+                      DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                      KBLK: tl.constexpr, SOFT_CAST: tl.constexpr):
+    """One whole chunk (all ``CHUNK`` rows inside the sequence) of finite values: what
+    :func:`_stats_chunk_masked` stores, bitwise, with a third of its instructions. That pass
+    issued ~145 instructions per 4-row sub-tile and thread (sm_90 SASS), as many as the DRAM
+    bandwidth leaves time for; here the rows need no mask, the values no finiteness test, and
+    the maxima and minima stay in the input's dtype, two per instruction
+    (``max_same_dtype``). Whether every value was finite is read off the sums at the end
+    (a NaN or an infinity leaves its column's sum non-finite; so does a sum of finite values
+    that overflows, which the masked pass then computes as it would anyway). Returns whether
+    the chunk's stores are still to be made by the masked pass (the K block rows stored here
+    are then overwritten by it)."""
+    ksum = tl.zeros([SUB, DP], dtype=tl.float32)
+    vsum = tl.zeros([SUB, DP], dtype=tl.float32)
+    KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
+    # A scalar row pointer moved one sub-tile per step and 32-bit offsets within the tile: the
+    # 64-bit address products of _load_kv_sub took ~27 of the masked loop's instructions.
+    tok0 = (k_src + t0).to(tl.int64)
+    kp = kb + tok0 * k_st
+    vp = vb + tok0 * v_st
+    k_off = loc[:, None] * k_st + offs_d[None, :] * k_sd
+    v_off = loc[:, None] * v_st + offs_d[None, :] * v_sd
+    cm = (loc >= 0)[:, None] & dmask[None, :]
+    k_nxt = tl.load(kp + k_off, mask=cm, other=0.0)
+    v_nxt = tl.load(vp + v_off, mask=cm, other=0.0)
+    # padded channels (d >= D) load as 0; the masked pass leaves them -inf / +inf
+    vmax = v_nxt
+    vmin = v_nxt
+    for j in range(0, CHUNK, KB):
+        if KBLK > 0:
+            kmax = k_nxt
+            kmin = k_nxt
+        for i in range(j, j + KB, SUB):
+            k = k_nxt
+            v = v_nxt
+            kp += SUB * k_st
+            vp += SUB * v_st
+            nm = cm & (i + SUB < CHUNK)  # the chunk's last step asks for nothing
+            k_nxt = tl.load(kp + k_off, mask=nm, other=0.0)
+            v_nxt = tl.load(vp + v_off, mask=nm, other=0.0)
+            ksum += k.to(tl.float32)
+            vsum += v.to(tl.float32)
+            vmax = max_same_dtype(vmax, v, SOFT_CAST)
+            vmin = min_same_dtype(vmin, v, SOFT_CAST)
+            if KBLK > 0:
+                kmax = max_same_dtype(kmax, k, SOFT_CAST)
+                kmin = min_same_dtype(kmin, k, SOFT_CAST)
+        if KBLK > 0:
+            ko = kout + (j // KBLK) * 2 * DP
+            tl.store(ko + offs_d, tl.where(dmask, tl.max(kmax.to(tl.float32), 0),
+                                           float("-inf")))
+            tl.store(ko + DP + offs_d, tl.where(dmask, tl.min(kmin.to(tl.float32), 0),
+                                                float("inf")))
+    n_bad = tl.sum(tl.sum(tl.where((tl.abs(ksum) < float("inf"))
+                                   & (tl.abs(vsum) < float("inf")), 0, 1), 1), 0)
+    if n_bad == 0:
+        tl.store(out, tl.sum(ksum, 0))
+        tl.store(out + DP, tl.sum(vsum, 0))
+        tl.store(out + 2 * DP, tl.where(dmask, tl.max(vmax.to(tl.float32), 0), float("-inf")))
+        tl.store(out + 3 * DP, tl.where(dmask, tl.min(vmin.to(tl.float32), 0), float("inf")))
+    return n_bad != 0
+
+
+@triton.jit
 def kv_channel_stats_kernel(
     k_ptr, v_ptr, stats_ptr, seq_ptr,
     k_sb, k_st, k_sh, k_sd,
     v_sb, v_st, v_sh, v_sd,
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, FULL_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     SOFT_CAST: tl.constexpr = False,
@@ -212,6 +344,10 @@ def kv_channel_stats_kernel(
     program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
     better, run s12-5).
 
+    ``FULL_FAST`` (not with ``ROPE``): a chunk that lies wholly inside the sequence first goes
+    through :func:`_stats_chunk_full` (no masks, no finiteness tests, bitwise the same stores),
+    and through the masked pass only when it held a non-finite value.
+
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded; heads first in the grid
     (``_block_and_head``).
     """
@@ -223,68 +359,24 @@ def kv_channel_stats_kernel(
     if t0 < k_len:
         offs_d = tl.arange(0, DP)
         dmask = offs_d < D
-        # Element-wise partials over the chunk, reduced across rows once at the end: a
-        # cross-warp reduction per tile (four of them) ran this pass at ~400 GB/s.
-        ksum = tl.zeros([SUB, DP], dtype=tl.float32)
-        vsum = tl.zeros([SUB, DP], dtype=tl.float32)
-        vmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
-        vmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
         kb = k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh
         vb = v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh
         loc = tl.arange(0, SUB)
-        KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
-        end = tl.minimum(k_len, t0 + CHUNK)  # the prefetch stops at the chunk's end
-        if PREFETCH:
-            k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
-                                        offs_d, dmask, loc)
-        for j in range(0, CHUNK, KB):
-            if KBLK > 0:
-                kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
-                kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
-                kbad = tl.zeros([SUB, DP], dtype=tl.int32)
-            for i in range(j, j + KB, SUB):
-                m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
-                if PREFETCH:
-                    k = k_nxt
-                    v = v_nxt
-                    k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
-                                                t0 + i + SUB, end, offs_d, dmask, loc)
-                else:
-                    k, v = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + i, k_len,
-                                        offs_d, dmask, loc)
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-                if ROPE:
-                    k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i,
-                                    loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
-                                    HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
-                ksum += finite_or(k, 0.0)
-                vsum += finite_or(v, 0.0)
-                vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
-                vmin = tl.minimum(vmin, tl.where(m, finite_or(v, float("inf")), float("inf")))
-                if KBLK > 0:
-                    # as the quantizer's own amax: non-finite values left out (and flagged)
-                    ok = m & (finite_or(k, 0.0) == k)
-                    kmax = tl.maximum(kmax, tl.where(ok, k, float("-inf")))
-                    kmin = tl.minimum(kmin, tl.where(ok, k, float("inf")))
-                    kbad += tl.where(m & ~ok, 1, 0)
-            if KBLK > 0:
-                if t0 + j < k_len:
-                    k_blk = tl.load(seq_ptr + b * 8 + 6)
-                    bad = tl.sum(tl.sum(kbad, 0), 0)
-                    kmx = tl.where(bad > 0, float("nan"), tl.max(kmax, 0))
-                    kout = kblk_ptr + ((h * n_kblocks + k_blk + (t0 + j) // KBLK) * 2) * DP
-                    tl.store(kout + offs_d, kmx)
-                    tl.store(kout + DP + offs_d, tl.min(kmin, 0))
-        ksum = tl.sum(ksum, 0)
-        vsum = tl.sum(vsum, 0)
-        vmax = tl.max(vmax, 0)
-        vmin = tl.min(vmin, 0)
         out = stats_ptr + (((b * Hkv + h) * n_chunks + c) * 4) * DP + offs_d
-        tl.store(out, ksum)
-        tl.store(out + DP, vsum)
-        tl.store(out + 2 * DP, vmax)
-        tl.store(out + 3 * DP, vmin)
+        kout = kblk_ptr
+        if KBLK > 0:
+            k_blk = tl.load(seq_ptr + b * 8 + 6)
+            kout = kblk_ptr + ((h * n_kblocks + k_blk + t0 // KBLK) * 2) * DP
+        masked = t0 >= 0  # every chunk, unless the fast pass below stored it
+        if FULL_FAST and not ROPE:
+            if t0 + CHUNK <= k_len:
+                masked = _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d,
+                                           dmask, loc, out, kout, DP, CHUNK, SUB, KBLK,
+                                           SOFT_CAST)
+        if masked:
+            _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask,
+                                loc, out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP,
+                                CHUNK, SUB, KBLK, PREFETCH, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
 
 
 @triton.jit
@@ -376,6 +468,7 @@ def quantize_kv_kernel(
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False, ITERS: tl.constexpr = 1,
+    FINITE_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
@@ -383,7 +476,9 @@ def quantize_kv_kernel(
     center + quantize V.
 
     ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's K and V
-    before the current one's work (as ``quantize_q_kernel(ITERS)``).
+    before the current one's work (as ``quantize_q_kernel(ITERS)``). ``FINITE_FAST`` (with
+    ``KAMAX_FROM_STATS``, int8, one term, no rotation): K's codes of a block the statistics
+    found finite skip the NaN test and clamp of :func:`common.to_int8_rn` (bitwise the same).
 
     ``SUBBLOCKS``: the attention kernel's kv blocks hold this many of these blocks (its 256-key
     steps, two of 128): K keeps one scale per ``BLOCK_N`` tokens (``n_kblocks`` counts
@@ -501,7 +596,13 @@ def quantize_kv_kernel(
             else:
                 k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
                 k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
-            k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+            if FINITE_FAST and QK_INT8 and KAMAX_FROM_STATS and not (ROTATE or TWO_TERM):
+                if n_bad == 0:  # the block's K is finite and its amax bounds every code
+                    k8 = int8_rn_in_range(mul_rn(ks, 1.0 / k_scale, SOFT_FP8_CAST))
+                else:
+                    k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+            else:
+                k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
             prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
             k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
             if TWO_TERM:
@@ -534,6 +635,28 @@ def quantize_kv_kernel(
 
 
 @triton.jit
+def _max_keep_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M: tl.constexpr, QMAX: tl.constexpr,
+                        QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
+                        TENSOR_SCALES: tl.constexpr):
+    """Per-row scales of ``qr`` (``q`` rotated, or ``q``), its int8 / fp8 codes, and each
+    row's count of non-finite values of ``q`` (any values: non-finite ones left out of the
+    scale)."""
+    if TENSOR_SCALES:
+        scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
+    else:
+        amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
+        scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
+    q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
+    n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
+    return scale, q8, n_bad
+
+
+@triton.jit
 def _load_q_rows(q_ptr, b, h, q_src, q_len, blk, q_sb, q_st, q_sh, q_sd, D,
                  DP: tl.constexpr, BLOCK_M: tl.constexpr):
     """Rows [blk * BLOCK_M, (blk + 1) * BLOCK_M) of one head of Q in its dtype (masked at
@@ -557,7 +680,7 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    ITERS: tl.constexpr = 1,
+    ITERS: tl.constexpr = 1, FINITE_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
@@ -568,6 +691,10 @@ def quantize_q_kernel(
     ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's rows
     before the current one's work, so its loads overlap its arithmetic and stores (as the
     statistics pass's ``PREFETCH``) instead of waiting for each block in a fresh program.
+    ``FINITE_FAST`` (int8 codes, per-token scales, no rotation, one term): a block whose values
+    are all finite, which one NaN-keeping max per row tells, skips the finiteness tests and the
+    clamp of :func:`_q_scales_and_codes` (its codes cannot leave [-127.5, 127.5] then), bitwise
+    the same codes and scales; a block with a non-finite value takes that path.
 
     Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
@@ -611,13 +738,22 @@ def quantize_q_kernel(
                 qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
             else:
                 qr = q
-            if TENSOR_SCALES:
-                scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
+            if FINITE_FAST and QK_INT8 and not (ROTATE or TWO_TERM or TENSOR_SCALES):
+                # NaN or inf where a row holds a non-finite value, else the row's amax
+                amax = tl.reduce(tl.abs(q), 1, _max_keep_nan)
+                if tl.max(tl.where(amax < float("inf"), 0, 1), 0) == 0:
+                    scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
+                    # the product rounded on its own, as the tested path's clamp between it
+                    # and the rounding's +-0.5 makes it (an FMA would round once less)
+                    q8 = int8_rn_in_range(mul_rn(q, (1.0 / scale)[:, None], SOFT_FP8_CAST))
+                    n_bad = tl.zeros([BLOCK_M], dtype=tl.int32)
+                else:
+                    scale, q8, n_bad = _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M, QMAX,
+                                                           QK_INT8, SOFT_FP8_CAST,
+                                                           TENSOR_SCALES)
             else:
-                amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
-                scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
-            q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
-            n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
+                scale, q8, n_bad = _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M, QMAX, QK_INT8,
+                                                       SOFT_FP8_CAST, TENSOR_SCALES)
             prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in [H*Tq_pad]
             q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
             if TWO_TERM:
