@@ -1,7 +1,7 @@
 """One fp8dit attention call to be profiled by Nsight Compute (benchmarks/gpu_ncu.sh).
 
     python3 benchmarks/ncu_driver.py --kernel gluon-ws [--ablate 2] [--heads 8] [--seq 75600]
-        [--quant-iters 4]
+        [--quant-iters 4] [--quant-fast]
 
 Runs the call twice (the first compiles and plans); the profiler skips the first launch of the
 attention kernel and records the second.
@@ -32,10 +32,15 @@ def main() -> int:
     ap.add_argument("--over", default="", help="tile overrides, e.g. sm90_ablate_exp=2")
     ap.add_argument("--quant-iters", type=int, default=0,
                     help="blocks per quantize_q / quantize_kv program (quant.*_QUANT_ITERS)")
+    ap.add_argument("--quant-fast", action="store_true",
+                    help="the quantization's paths for finite data (quant.*_FAST)")
     a = ap.parse_args()
+    from fp8dit import quant
     if a.quant_iters:
-        from fp8dit import quant
         quant.Q_QUANT_ITERS[a.dim] = quant.KV_QUANT_ITERS[a.dim] = a.quant_iters
+    if a.quant_fast:
+        quant.KV_STATS_FULL_FAST = quant.Q_QUANT_FINITE_FAST = True
+        quant.KV_QUANT_FINITE_FAST = True
     os.environ["FP8DIT_KERNEL"] = a.kernel
     if a.over:
         launch.TILE_OVERRIDES[a.dim] = parse_overrides(a.over)
