@@ -29,11 +29,18 @@ def round_to_e4m3_grid(x):
 
 
 @triton.jit
-def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr):
-    """Saturating cast of fp32 to float8e4nv; NaN stays NaN."""
+def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr, CLAMP: tl.constexpr = True):
+    """Saturating cast of fp32 to float8e4nv; NaN stays NaN.
+
+    ``CLAMP=False``: no clamp before the cast on the GPU, where the cast is PTX's
+    ``cvt.rn.satfinite.e4m3x2.f32`` (what Triton emits on sm_90, triton 3.6 and 3.9), which
+    saturates out-of-range values and infinities to +-448 and keeps NaN itself: the same bytes,
+    4 instructions fewer per value. The interpreter's cast does not saturate: it always clamps.
+    """
     # where() rather than min/max: comparisons with NaN are false, so NaN passes through
     # (hardware max/min would return the other operand and turn NaN into +-448).
-    x = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
+    if CLAMP or SOFT_FP8_CAST:
+        x = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
     if SOFT_FP8_CAST:
         x = round_to_e4m3_grid(x)
     return x.to(tl.float8e4nv)

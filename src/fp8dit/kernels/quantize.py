@@ -478,7 +478,8 @@ def quantize_kv_kernel(
     ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's K and V
     before the current one's work (as ``quantize_q_kernel(ITERS)``). ``FINITE_FAST`` (with
     ``KAMAX_FROM_STATS``, int8, one term, no rotation): K's codes of a block the statistics
-    found finite skip the NaN test and clamp of :func:`common.to_int8_rn` (bitwise the same).
+    found finite skip the NaN test and clamp of :func:`common.to_int8_rn` (bitwise the same),
+    and V's codes the clamp before the GPU's saturating fp8 cast (``to_fp8_e4m3(CLAMP)``).
 
     ``SUBBLOCKS``: the attention kernel's kv blocks hold this many of these blocks (its 256-key
     steps, two of 128): K keeps one scale per ``BLOCK_N`` tokens (``n_kblocks`` counts
@@ -626,7 +627,7 @@ def quantize_kv_kernel(
                 # kernel multiplies P by it): see v_block_log2_scale.
                 inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
                 vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
-                v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+                v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST, CLAMP=not FINITE_FAST))
             tl.store(
                 v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
                 + offs_d[:, None] * Tk_pad + loc[None, :],
