@@ -219,6 +219,30 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
+def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v):
+    """``ws(on)``: the quantization workspace with ``quant.<knob>`` set to ``on``, and how many
+    times it called the kernel helper ``kernels.quantize.<helper>`` (wrapped: the interpreter
+    calls helpers as Python functions)."""
+    from fp8dit.kernels import quantize as kq
+
+    calls = []
+    inner = getattr(kq, helper)
+
+    def counted(*args):
+        calls.append(1)
+        return inner(*args)
+
+    monkeypatch.setattr(kq, helper, counted)
+
+    def ws(on):
+        monkeypatch.setattr(quant, knob, on)
+        calls.clear()
+        st = [launch._bthd_strides(t, layout) for t in (q, k, v)]
+        return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+                                    st[1], v, st[2], kv_perm16=True), len(calls)
+    return ws
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
 def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch):
     """With ``KV_STATS_FULL_FAST`` the masked statistics pass runs only for chunks that end past
@@ -226,8 +250,6 @@ def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch):
     back); the workspace is bitwise the one without it (and the non-finite key still gives its
     block a NaN scale). Counted by wrapping the masked pass, which the interpreter calls as a
     Python function."""
-    from fp8dit.kernels import quantize as kq
-
     k_lens = [600, 256]  # 256-token chunks: two whole + one partial, and one whole
     D = 64
     g = torch.Generator().manual_seed(4)
@@ -238,21 +260,8 @@ def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch):
     plan, _ = launch.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
     assert plan.stats_chunk == 256
-    calls = []
-    masked = kq._stats_chunk_masked
-
-    def counted(*args):
-        calls.append(1)
-        return masked(*args)
-
-    monkeypatch.setattr(kq, "_stats_chunk_masked", counted)
-
-    def ws(fast):
-        monkeypatch.setattr(quant, "KV_STATS_FULL_FAST", fast)
-        calls.clear()
-        st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
-        return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
-                                    st[1], v, st[2], kv_perm16=True), len(calls)
+    ws = _workspaces_counting(monkeypatch, "_stats_chunk_masked", "KV_STATS_FULL_FAST", plan,
+                              "varlen", q, k, v)
 
     names = ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean")
     for nan_at in (None, (300, 1, 5)):  # a NaN key in sequence 0's second whole chunk
@@ -273,8 +282,6 @@ def test_query_blocks_of_finite_values_skip_the_tests_bitwise(monkeypatch):
     the tested path (``_q_scales_and_codes``, counted by wrapping it: the interpreter calls it
     as a Python function); codes, scales (NaN for those rows) and LSE shifts are bitwise the
     ones without it."""
-    from fp8dit.kernels import quantize as kq
-
     S, D = 300, 64  # 32-row blocks: 10 per head, the last one partial
     g = torch.Generator().manual_seed(5)
     q = (torch.randn(1, 2, S, D, generator=g) * 3).bfloat16()
@@ -286,21 +293,8 @@ def test_query_blocks_of_finite_values_skip_the_tests_bitwise(monkeypatch):
     monkeypatch.setitem(quant.Q_QUANT_ROWS, 64, 32)
     plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
-    calls = []
-    tested = kq._q_scales_and_codes
-
-    def counted(*args):
-        calls.append(1)
-        return tested(*args)
-
-    monkeypatch.setattr(kq, "_q_scales_and_codes", counted)
-
-    def ws(fast):
-        monkeypatch.setattr(quant, "Q_QUANT_FINITE_FAST", fast)
-        calls.clear()
-        st = [launch._bthd_strides(t, "HND") for t in (q, k, v)]
-        return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
-                                    st[1], v, st[2], kv_perm16=True), len(calls)
+    ws = _workspaces_counting(monkeypatch, "_q_scales_and_codes", "Q_QUANT_FINITE_FAST", plan,
+                              "HND", q, k, v)
 
     (base, n_base), (fast, n_fast) = ws(False), ws(True)
     n_blocks = 2 * -(-S // 32)

@@ -27,10 +27,9 @@ import triton.language as tl
 
 from .common import (
     cast_for_store,
+    extremum_same_dtype,
     finite_or,
     int8_rn_in_range,
-    max_same_dtype,
-    min_same_dtype,
     mul_rn,
     quantize_tile,
     residual_int8,
@@ -261,7 +260,7 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
     issued ~145 instructions per 4-row sub-tile and thread (sm_90 SASS), as many as the DRAM
     bandwidth leaves time for; here the rows need no mask, the values no finiteness test, and
     the maxima and minima stay in the input's dtype, two per instruction
-    (``max_same_dtype``). Whether every value was finite is read off the sums at the end
+    (``extremum_same_dtype``). Whether every value was finite is read off the sums at the end
     (a NaN or an infinity leaves its column's sum non-finite; so does a sum of finite values
     that overflows, which the masked pass then computes as it would anyway). Returns whether
     the chunk's stores are still to be made by the masked pass (the K block rows stored here
@@ -296,11 +295,11 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
             v_nxt = tl.load(vp + v_off, mask=nm, other=0.0)
             ksum += k.to(tl.float32)
             vsum += v.to(tl.float32)
-            vmax = max_same_dtype(vmax, v, SOFT_CAST)
-            vmin = min_same_dtype(vmin, v, SOFT_CAST)
+            vmax = extremum_same_dtype(vmax, v, True, SOFT_CAST)
+            vmin = extremum_same_dtype(vmin, v, False, SOFT_CAST)
             if KBLK > 0:
-                kmax = max_same_dtype(kmax, k, SOFT_CAST)
-                kmin = min_same_dtype(kmin, k, SOFT_CAST)
+                kmax = extremum_same_dtype(kmax, k, True, SOFT_CAST)
+                kmin = extremum_same_dtype(kmin, k, False, SOFT_CAST)
         if KBLK > 0:
             ko = kout + (j // KBLK) * 2 * DP
             tl.store(ko + offs_d, tl.where(dmask, tl.max(kmax.to(tl.float32), 0),
