@@ -244,7 +244,8 @@ def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch, dtype):
     """With ``KV_STATS_FULL_FAST`` the masked statistics pass runs only for chunks that end past
     the sequence or hold a non-finite value (the unmasked pass found it and handed the chunk
     back); the workspace is bitwise the one without it (and the non-finite key still gives its
@@ -253,9 +254,9 @@ def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch):
     k_lens = [600, 256]  # 256-token chunks: two whole + one partial, and one whole
     D = 64
     g = torch.Generator().manual_seed(4)
-    q = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
-    k = (torch.randn(sum(k_lens), 2, D, generator=g) + torch.randn(D, generator=g) * 4).bfloat16()
-    v = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
+    q = torch.randn(sum(k_lens), 2, D, generator=g).to(dtype)
+    k = (torch.randn(sum(k_lens), 2, D, generator=g) + torch.randn(D, generator=g) * 4).to(dtype)
+    v = torch.randn(sum(k_lens), 2, D, generator=g).to(dtype)
     monkeypatch.setitem(launch.TILE_OVERRIDES, 64, dict(block_n=256))
     plan, _ = launch.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)

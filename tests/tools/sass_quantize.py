@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--dp", type=int, default=128)
     ap.add_argument("--sub", type=int, default=4)
     ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="q, k, v")
     ap.add_argument("--full-fast", type=int, default=0, help="stats: FULL_FAST")
     ap.add_argument("--finite-fast", type=int, default=0, help="q, kv: FINITE_FAST")
     ap.add_argument("--iters", type=int, default=1, help="blocks per kv / q program (ITERS)")
@@ -66,7 +67,8 @@ def main() -> int:
     ap.add_argument("--rope-range", action="store_true")
     ap.add_argument("--dump", default="")
     a = ap.parse_args()
-    bf16_in = dict(k_ptr="*bf16", v_ptr="*bf16", q_ptr="*bf16", seq_ptr="*i32",
+    x = "*" + a.dtype
+    bf16_in = dict(k_ptr=x, v_ptr=x, q_ptr=x, seq_ptr="*i32",
                    k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", rot_ptr="*i32",
                    k8lo_ptr="*i8", q8lo_ptr="*i8", sm_scale="fp32", sm_scale_log2="fp32",
                    **{n: "*bf16" if a.rope == 2 else "*fp32" for n in ("cos_ptr", "sin_ptr")})
