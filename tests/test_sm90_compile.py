@@ -173,12 +173,13 @@ def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp
                                   ["q", "--iters", "4", "--finite-fast", "1"],
                                   ["stats", "--full-fast", "1"],
                                   ["stats", "--dp", "64", "--sub", "8", "--full-fast", "1"],
-                                  ["stats", "--full-fast", "1", "--dtype", "fp16"]],
+                                  ["stats", "--full-fast", "1", "--dtype", "fp16"],
+                                  ["stats", "--full-fast", "1", "--rope", "2"]],
                          ids=["kv-d128", "kv-d64", "q", "stats-d128", "stats-d64",
                               "kv-d128-rope", "q-rope", "stats-d128-rope", "stats-rope-fp32",
                               "kv-rope-four", "q-rope-four", "stats-rope-four",
                               "kv-iters-fast", "q-iters-fast", "stats-fast", "stats-d64-fast",
-                              "stats-fast-fp16"])
+                              "stats-fast-fp16", "stats-fast-rope"])
 def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
     """The quantization kernels as the H200 runs them (the launch's specializations included):
     global stores vectorized and no spills. V^T's store went byte-wise once when its base's

@@ -219,7 +219,7 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
-def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v):
+def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v, rope=None):
     """``ws(on)``: the quantization workspace with ``quant.<knob>`` set to ``on``, and how many
     times it called the kernel helper ``kernels.quantize.<helper>`` (wrapped: the interpreter
     calls helpers as Python functions)."""
@@ -239,18 +239,19 @@ def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v):
         calls.clear()
         st = [launch._bthd_strides(t, layout) for t in (q, k, v)]
         return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
-                                    st[1], v, st[2], kv_perm16=True), len(calls)
+                                    st[1], v, st[2], kv_perm16=True, rope=rope), len(calls)
     return ws
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype,rope", [(torch.bfloat16, False), (torch.float16, False),
+                                        (torch.bfloat16, True)])
+def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch, dtype, rope):
     """With ``KV_STATS_FULL_FAST`` the masked statistics pass runs only for chunks that end past
     the sequence or hold a non-finite value (the unmasked pass found it and handed the chunk
     back); the workspace is bitwise the one without it (and the non-finite key still gives its
-    block a NaN scale). Counted by wrapping the masked pass, which the interpreter calls as a
-    Python function."""
+    block a NaN scale), with K rotated as loaded too. Counted by wrapping the masked pass,
+    which the interpreter calls as a Python function."""
     k_lens = [600, 256]  # 256-token chunks: two whole + one partial, and one whole
     D = 64
     g = torch.Generator().manual_seed(4)
@@ -261,8 +262,10 @@ def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch, dt
     plan, _ = launch.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
     assert plan.stats_chunk == 256
+    # Wan's rotary tables (fp32), K rotated as loaded
+    tables = torch.randn(2, 600, D // 2, generator=g) if rope else None
     ws = _workspaces_counting(monkeypatch, "_stats_chunk_masked", "KV_STATS_FULL_FAST", plan,
-                              "varlen", q, k, v)
+                              "varlen", q, k, v, rope=tables)
 
     names = ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean")
     for nan_at in (None, (300, 1, 5)):  # a NaN key in sequence 0's second whole chunk

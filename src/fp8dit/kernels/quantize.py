@@ -253,8 +253,10 @@ def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d
 
 @triton.jit
 def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, loc, out, kout,
+                      cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
                       DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                      KBLK: tl.constexpr, SOFT_CAST: tl.constexpr):
+                      KBLK: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
+                      ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
     """One whole chunk (all ``CHUNK`` rows inside the sequence) of finite values: what
     :func:`_stats_chunk_masked` stores, bitwise, with a third of its instructions. That pass
     issued ~145 instructions per 4-row sub-tile and thread (sm_90 SASS), as many as the DRAM
@@ -264,7 +266,8 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
     (a NaN or an infinity leaves its column's sum non-finite; so does a sum of finite values
     that overflows, which the masked pass then computes as it would anyway). Returns whether
     the chunk's stores are still to be made by the masked pass (the K block rows stored here
-    are then overwritten by it)."""
+    are then overwritten by it). ``ROPE``: K is rotated as the masked pass rotates it (fp32
+    holding values of K's dtype: its max and min stay in fp32)."""
     ksum = tl.zeros([SUB, DP], dtype=tl.float32)
     vsum = tl.zeros([SUB, DP], dtype=tl.float32)
     KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
@@ -283,8 +286,12 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
     vmin = v_nxt
     for j in range(0, CHUNK, KB):
         if KBLK > 0:
-            kmax = k_nxt
-            kmin = k_nxt
+            if ROPE:
+                kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
+                kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
+            else:
+                kmax = k_nxt
+                kmin = k_nxt
         for i in range(j, j + KB, SUB):
             k = k_nxt
             v = v_nxt
@@ -293,13 +300,22 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
             nm = cm & (i + SUB < CHUNK)  # the chunk's last step asks for nothing
             k_nxt = tl.load(kp + k_off, mask=nm, other=0.0)
             v_nxt = tl.load(vp + v_off, mask=nm, other=0.0)
-            ksum += k.to(tl.float32)
             vsum += v.to(tl.float32)
             vmax = extremum_same_dtype(vmax, v, True, SOFT_CAST)
             vmin = extremum_same_dtype(vmin, v, False, SOFT_CAST)
-            if KBLK > 0:
-                kmax = extremum_same_dtype(kmax, k, True, SOFT_CAST)
-                kmin = extremum_same_dtype(kmin, k, False, SOFT_CAST)
+            if ROPE:
+                kr = _rope_pairs(k.to(tl.float32), cos_ptr, sin_ptr, k_ptr, t0 + i, loc,
+                                 loc >= 0, rope_lo, rope_n, DP, SUB, HALF_D, ROPE, ROPE_RANGE,
+                                 SOFT_CAST)
+                ksum += kr
+                if KBLK > 0:
+                    kmax = tl.maximum(kmax, kr)
+                    kmin = tl.minimum(kmin, kr)
+            else:
+                ksum += k.to(tl.float32)
+                if KBLK > 0:
+                    kmax = extremum_same_dtype(kmax, k, True, SOFT_CAST)
+                    kmin = extremum_same_dtype(kmin, k, False, SOFT_CAST)
         if KBLK > 0:
             ko = kout + (j // KBLK) * 2 * DP
             tl.store(ko + offs_d, tl.where(dmask, tl.max(kmax.to(tl.float32), 0),
@@ -343,7 +359,7 @@ def kv_channel_stats_kernel(
     program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
     better, run s12-5).
 
-    ``FULL_FAST`` (not with ``ROPE``): a chunk that lies wholly inside the sequence first goes
+    ``FULL_FAST``: a chunk that lies wholly inside the sequence first goes
     through :func:`_stats_chunk_full` (no masks, no finiteness tests, bitwise the same stores),
     and through the masked pass only when it held a non-finite value.
 
@@ -367,11 +383,12 @@ def kv_channel_stats_kernel(
             k_blk = tl.load(seq_ptr + b * 8 + 6)
             kout = kblk_ptr + ((h * n_kblocks + k_blk + t0 // KBLK) * 2) * DP
         masked = t0 >= 0  # every chunk, unless the fast pass below stored it
-        if FULL_FAST and not ROPE:
+        if FULL_FAST:
             if t0 + CHUNK <= k_len:
                 masked = _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d,
-                                           dmask, loc, out, kout, DP, CHUNK, SUB, KBLK,
-                                           SOFT_CAST)
+                                           dmask, loc, out, kout, cos_ptr, sin_ptr, k_ptr,
+                                           rope_lo, rope_n, DP, CHUNK, SUB, KBLK, HALF_D, ROPE,
+                                           ROPE_RANGE, SOFT_CAST)
         if masked:
             _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask,
                                 loc, out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP,
