@@ -1,12 +1,14 @@
 """One H200 call: the quantization's layout knobs against the defaults, same process, same
-inputs (session 12).
+inputs (session 12; session 24's blocks per program and paths for finite data).
 
     python3 benchmarks/gpu_quant_variants.py [--variants base,no_prefetch,...] [--out FILE]
 
 Per preset and variant: ``quant.quantize_stage`` (all its launches, as ``fp8dit.attention``
 runs them with the warp-specialized kernel's plan) timed twice, interleaved with the other
 variants (median of 20 CUDA-event timings each), a torch.profiler breakdown per kernel, and
-the workspace compared bitwise with the defaults' (the knobs only cut the work differently).
+the workspace compared bitwise with the defaults' (the knobs only cut the work differently;
+a different statistics sub-tile, ``sub16`` or ``stats_fast_sub8``, reorders the sums of the
+means, so those two may differ in last bits), and each launch's TB/s by its least traffic.
 """
 
 from __future__ import annotations
@@ -60,6 +62,24 @@ def _defaults():
             if name in {a for var in VARIANTS.values() for a in var}}
 
 
+def _dram_bytes(preset) -> dict:
+    """Bytes each launch must move at least (bf16 in, int8 / fp8 out; HND, one sequence)."""
+    B, H, S, D = PRESETS[preset]
+    n = B * H * S * D
+    return {"kv_channel_stats": 4 * n, "quantize_kv": 4 * n + 2 * n,
+            "quantize_q": 2 * n + n + 8 * B * H * S}
+
+
+def _tbps(per_kernel_ms, preset) -> dict:
+    """TB/s each launch reached, by its minimum traffic (``_dram_bytes``)."""
+    out = {}
+    for name, ms in per_kernel_ms.items():
+        for prefix, nbytes in _dram_bytes(preset).items():
+            if name.startswith(prefix) and ms:
+                out[prefix] = round(nbytes / (ms * 1e-3) / 1e12, 2)
+    return out
+
+
 def _use(defaults, variant):
     for name, val in defaults.items():
         cur = getattr(quant, name)
@@ -99,8 +119,10 @@ def main() -> int:
         for n in names:
             _use(defaults, n)
             ws = run()
-            record(part="quant", preset=preset, variant=n, ms=ms[n],
-                   per_kernel_ms=_profile(run), bitwise_equal=all(same_bits(ref, ws).values()))
+            per_kernel = _profile(run)
+            record(part="quant", preset=preset, variant=n, ms=ms[n], per_kernel_ms=per_kernel,
+                   per_kernel_tbps=_tbps(per_kernel, preset),
+                   bitwise_equal=all(same_bits(ref, ws).values()))
             del ws
         _use(defaults, "base")
         del run, ref
