@@ -201,8 +201,7 @@ def to_int8_rn(x):
     Callers flag non-finite data through a NaN scale instead (int8 has no NaN).
     """
     x = tl.where(x == x, x, 0.0)
-    x = tl.minimum(tl.maximum(x, -127.0), 127.0)
-    return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
+    return int8_rn_in_range(tl.minimum(tl.maximum(x, -127.0), 127.0))
 
 
 @triton.jit
