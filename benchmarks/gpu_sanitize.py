@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck  python3 benchmarks/gpu_sanitize.py
     compute-sanitizer --tool racecheck python3 benchmarks/gpu_sanitize.py --quick
+    compute-sanitizer --tool memcheck  python3 benchmarks/gpu_sanitize.py --quant-fast
 
 Every case also checks the output against fp64, so a silent wrong answer fails here too.
 """
@@ -25,7 +26,17 @@ def main() -> int:
     ap.add_argument("--ws-control", action="store_true",
                     help="only a Gluon kernel with nothing but warp_specialize (racecheck's "
                          "control, benchmarks/gluon_ws_control.py)")
+    ap.add_argument("--quant-fast", action="store_true",
+                    help="with the quantization's session-24 knobs on (paths for finite data, "
+                         "two blocks per program), which load without row masks")
     args = ap.parse_args()
+    if args.quant_fast:
+        from fp8dit import quant
+
+        quant.KV_STATS_FULL_FAST = quant.Q_QUANT_FINITE_FAST = True
+        quant.KV_QUANT_FINITE_FAST = True
+        quant.Q_QUANT_ITERS.update({64: 2, 128: 2})
+        quant.KV_QUANT_ITERS.update({64: 2, 128: 2})
     if not torch.cuda.is_available():
         print("gpu_sanitize: no CUDA GPU here")
         return 1
