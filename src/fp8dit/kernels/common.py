@@ -166,29 +166,6 @@ def cast_for_store(x, dst_ptr, SOFT_CAST: tl.constexpr):
 
 
 @triton.jit
-def extremum_same_dtype(a, b, MAX: tl.constexpr, SOFT_CAST: tl.constexpr):
-    """Element-wise max (``MAX``) or min of two tensors in their own dtype (a max of bf16 or
-    fp16 values is one of them, so no rounding is involved): ``max.bf16x2`` / ``min.f16x2`` ...
-    on the GPU, two values per instruction without conversions (Triton's ``tl.maximum`` widens
-    16-bit operands to fp32). A NaN operand gives the other one, as ``tl.maximum``. The
-    interpreter (no PTX) takes the fp32 max and narrows it back, exact; so do other dtypes."""
-    OP: tl.constexpr = "max" if MAX else "min"
-    if SOFT_CAST or (a.dtype != tl.bfloat16 and a.dtype != tl.float16):
-        # widened by hand: the interpreter holds bf16 as 16-bit integers and compares those
-        if MAX:
-            r = tl.maximum(a.to(tl.float32), b.to(tl.float32)).to(a.dtype)
-        else:
-            r = tl.minimum(a.to(tl.float32), b.to(tl.float32)).to(a.dtype)
-    elif a.dtype == tl.bfloat16:
-        r = tl.inline_asm_elementwise(OP + ".bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
-                                      dtype=tl.bfloat16, is_pure=True, pack=2)
-    else:
-        r = tl.inline_asm_elementwise(OP + ".f16x2 $0, $1, $2;", "=r,r,r", [a, b],
-                                      dtype=tl.float16, is_pure=True, pack=2)
-    return r
-
-
-@triton.jit
 def finite_or(x, fill):
     """``x`` where finite, else ``fill``: keeps one bad element from poisoning a shared scale."""
     return tl.where((x == x) & (tl.abs(x) < float("inf")), x, fill)

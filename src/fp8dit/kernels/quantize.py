@@ -27,7 +27,6 @@ import triton.language as tl
 
 from .common import (
     cast_for_store,
-    extremum_same_dtype,
     finite_or,
     int8_rn_in_range,
     mul_rn,
@@ -260,14 +259,14 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
     """One whole chunk (all ``CHUNK`` rows inside the sequence) of finite values: what
     :func:`_stats_chunk_masked` stores, bitwise, with a third of its instructions. That pass
     issued ~145 instructions per 4-row sub-tile and thread (sm_90 SASS), as many as the DRAM
-    bandwidth leaves time for; here the rows need no mask, the values no finiteness test, and
-    the maxima and minima stay in the input's dtype, two per instruction
-    (``extremum_same_dtype``). Whether every value was finite is read off the sums at the end
+    bandwidth leaves time for; here the rows need no mask, the values no finiteness test and
+    the addresses no 64-bit products: 54. (Maxima and minima kept in bf16, two per ``HMNMX2``,
+    took 69: Triton holds each bf16 value in its own register, so every step packed and
+    unpacked them.) Whether every value was finite is read off the sums at the end
     (a NaN or an infinity leaves its column's sum non-finite; so does a sum of finite values
     that overflows, which the masked pass then computes as it would anyway). Returns whether
     the chunk's stores are still to be made by the masked pass (the K block rows stored here
-    are then overwritten by it). ``ROPE``: K is rotated as the masked pass rotates it (fp32
-    holding values of K's dtype: its max and min stay in fp32)."""
+    are then overwritten by it). ``ROPE``: K is rotated as the masked pass rotates it."""
     ksum = tl.zeros([SUB, DP], dtype=tl.float32)
     vsum = tl.zeros([SUB, DP], dtype=tl.float32)
     KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
@@ -282,53 +281,45 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
     k_nxt = tl.load(kp + k_off, mask=cm, other=0.0)
     v_nxt = tl.load(vp + v_off, mask=cm, other=0.0)
     # padded channels (d >= D) load as 0; the masked pass leaves them -inf / +inf
-    vmax = v_nxt
-    vmin = v_nxt
+    vmax = v_nxt.to(tl.float32)
+    vmin = vmax
     for j in range(0, CHUNK, KB):
         if KBLK > 0:
             if ROPE:
                 kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
                 kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
             else:
-                kmax = k_nxt
-                kmin = k_nxt
+                kmax = k_nxt.to(tl.float32)
+                kmin = kmax
         for i in range(j, j + KB, SUB):
-            k = k_nxt
-            v = v_nxt
+            k = k_nxt.to(tl.float32)
+            v = v_nxt.to(tl.float32)
             kp += SUB * k_st
             vp += SUB * v_st
             nm = cm & (i + SUB < CHUNK)  # the chunk's last step asks for nothing
             k_nxt = tl.load(kp + k_off, mask=nm, other=0.0)
             v_nxt = tl.load(vp + v_off, mask=nm, other=0.0)
-            vsum += v.to(tl.float32)
-            vmax = extremum_same_dtype(vmax, v, True, SOFT_CAST)
-            vmin = extremum_same_dtype(vmin, v, False, SOFT_CAST)
+            vsum += v
+            vmax = tl.maximum(vmax, v)
+            vmin = tl.minimum(vmin, v)
             if ROPE:
-                kr = _rope_pairs(k.to(tl.float32), cos_ptr, sin_ptr, k_ptr, t0 + i, loc,
-                                 loc >= 0, rope_lo, rope_n, DP, SUB, HALF_D, ROPE, ROPE_RANGE,
-                                 SOFT_CAST)
-                ksum += kr
-                if KBLK > 0:
-                    kmax = tl.maximum(kmax, kr)
-                    kmin = tl.minimum(kmin, kr)
-            else:
-                ksum += k.to(tl.float32)
-                if KBLK > 0:
-                    kmax = extremum_same_dtype(kmax, k, True, SOFT_CAST)
-                    kmin = extremum_same_dtype(kmin, k, False, SOFT_CAST)
+                k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i, loc, loc >= 0, rope_lo,
+                                rope_n, DP, SUB, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+            ksum += k
+            if KBLK > 0:
+                kmax = tl.maximum(kmax, k)
+                kmin = tl.minimum(kmin, k)
         if KBLK > 0:
             ko = kout + (j // KBLK) * 2 * DP
-            tl.store(ko + offs_d, tl.where(dmask, tl.max(kmax.to(tl.float32), 0),
-                                           float("-inf")))
-            tl.store(ko + DP + offs_d, tl.where(dmask, tl.min(kmin.to(tl.float32), 0),
-                                                float("inf")))
+            tl.store(ko + offs_d, tl.where(dmask, tl.max(kmax, 0), float("-inf")))
+            tl.store(ko + DP + offs_d, tl.where(dmask, tl.min(kmin, 0), float("inf")))
     n_bad = tl.sum(tl.sum(tl.where((tl.abs(ksum) < float("inf"))
                                    & (tl.abs(vsum) < float("inf")), 0, 1), 1), 0)
     if n_bad == 0:
         tl.store(out, tl.sum(ksum, 0))
         tl.store(out + DP, tl.sum(vsum, 0))
-        tl.store(out + 2 * DP, tl.where(dmask, tl.max(vmax.to(tl.float32), 0), float("-inf")))
-        tl.store(out + 3 * DP, tl.where(dmask, tl.min(vmin.to(tl.float32), 0), float("inf")))
+        tl.store(out + 2 * DP, tl.where(dmask, tl.max(vmax, 0), float("-inf")))
+        tl.store(out + 3 * DP, tl.where(dmask, tl.min(vmin, 0), float("inf")))
     return n_bad != 0
 
 
