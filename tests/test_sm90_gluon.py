@@ -148,9 +148,8 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows", "q_iters",
-                                  "kv_iters", "stats_full_fast", "q_finite_fast",
-                                  "kv_finite_fast"])
+@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows", "iters",
+                                  "finite_fast"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
     GPU's K/V and Q program rows, K/V's and Q's blocks per program, the statistics' unmasked
@@ -189,15 +188,13 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
             monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
         elif knob == "q_rows":
             monkeypatch.setitem(quant.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
-        elif knob == "stats_full_fast":  # whole chunks (one with the NaN key) unmasked
+        elif knob == "finite_fast":  # whole chunks unmasked (one with the NaN key), and
+            # Q's and K's finite blocks without tests (their own tests count the paths taken)
             monkeypatch.setattr(quant, "KV_STATS_FULL_FAST", on)
-        elif knob == "kv_finite_fast":
-            monkeypatch.setattr(quant, "KV_QUANT_FINITE_FAST", on)
-        elif knob == "q_finite_fast":
             monkeypatch.setattr(quant, "Q_QUANT_FINITE_FAST", on)
-        elif knob == "q_iters":  # three blocks per program (not a divisor of 4 per q tile)
+            monkeypatch.setattr(quant, "KV_QUANT_FINITE_FAST", on)
+        else:  # three blocks per program (not a divisor of 4 per q tile, 8 per 256-key block)
             monkeypatch.setitem(quant.Q_QUANT_ITERS, 128, 3 if on else 1)
-        else:  # three blocks per program (not a divisor of the 8 per 256-key block)
             monkeypatch.setitem(quant.KV_QUANT_ITERS, 128, 3 if on else 1)
         return ws()
 
