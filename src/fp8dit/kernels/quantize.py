@@ -449,18 +449,26 @@ def kv_stats_finalize_kernel(
 
 
 @triton.jit
+def _kv_block_at(x_ptr, b, h, x_sb, x_st, x_sh, x_sd, k_src, k_len, blk, rows, offs_d, dmask,
+                 BLOCK_N: tl.constexpr):
+    """Addresses and mask of block ``blk`` of ``BLOCK_N`` tokens of one kv head of K or V, its
+    row i being token ``rows[i]`` of the block (masked at ``k_len``)."""
+    tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
+    at = (x_ptr + b.to(tl.int64) * x_sb + h.to(tl.int64) * x_sh + tok0 * x_st
+          + rows[:, None] * x_st + offs_d[None, :] * x_sd)
+    return at, (blk * BLOCK_N + rows < k_len)[:, None] & dmask[None, :]
+
+
+@triton.jit
 def _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk, k_sb, k_st, k_sh, k_sd,
                    v_sb, v_st, v_sh, v_sd, offs_d, dmask, loc, vloc, BLOCK_N: tl.constexpr):
-    """Block ``blk`` of ``BLOCK_N`` tokens of one kv head of K and of V (V's rows in the order
-    ``vloc``), in their dtype, masked at ``k_len`` (a block past the keys loads nothing)."""
-    tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
-    m = (blk * BLOCK_N + loc < k_len)[:, None] & dmask[None, :]
-    k = tl.load(k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
-                + loc[:, None] * k_st + offs_d[None, :] * k_sd, mask=m, other=0.0)
-    mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
-    v = tl.load(v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
-                + vloc[:, None] * v_st + offs_d[None, :] * v_sd, mask=mv, other=0.0)
-    return k, v
+    """Block ``blk`` of K and of V (V's rows in the order ``vloc``), in their dtype (a block
+    past the keys loads nothing)."""
+    k_at, m = _kv_block_at(k_ptr, b, h, k_sb, k_st, k_sh, k_sd, k_src, k_len, blk, loc, offs_d,
+                           dmask, BLOCK_N)
+    v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk, vloc,
+                            offs_d, dmask, BLOCK_N)
+    return tl.load(k_at, mask=m, other=0.0), tl.load(v_at, mask=mv, other=0.0)
 
 
 @triton.jit
@@ -552,25 +560,19 @@ def quantize_kv_kernel(
         # attention kernel visits masked.
         blk_start = (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N)
         if blk_start < k_plan:
-            rows = blk * BLOCK_N + loc
-            rmask = rows < k_len
-            m = rmask[:, None] & dmask[None, :]
-            tok0 = (k_src + blk * BLOCK_N).to(tl.int64)
+            rmask = blk * BLOCK_N + loc < k_len
+            k_at, m = _kv_block_at(k_ptr, b, h, k_sb, k_st, k_sh, k_sd, k_src, k_len, blk, loc,
+                                   offs_d, dmask, BLOCK_N)
             if ITERS > 1:
                 k = k_cur.to(tl.float32)
             else:
-                k = tl.load(
-                    k_ptr + b.to(tl.int64) * k_sb + h.to(tl.int64) * k_sh + tok0 * k_st
-                    + loc[:, None] * k_st + offs_d[None, :] * k_sd,
-                    mask=m, other=0.0,
-                ).to(tl.float32)
+                k = tl.load(k_at, mask=m, other=0.0).to(tl.float32)
             if ROPE:
                 k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
                                 loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
                                 SOFT_FP8_CAST)
-            mv = (blk * BLOCK_N + vloc < k_len)[:, None] & dmask[None, :]
-            v_at = (v_ptr + b.to(tl.int64) * v_sb + h.to(tl.int64) * v_sh + tok0 * v_st
-                    + vloc[:, None] * v_st + offs_d[None, :] * v_sd)
+            v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk,
+                                    vloc, offs_d, dmask, BLOCK_N)
             if ITERS > 1:
                 v = v_cur
             elif KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
