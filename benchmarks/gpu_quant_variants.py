@@ -53,6 +53,10 @@ VARIANTS = {
                  "KV_QUANT_FINITE_FAST": True},
     "all_fast_q_it4": {"KV_STATS_FULL_FAST": True, "Q_QUANT_FINITE_FAST": True,
                        "KV_QUANT_FINITE_FAST": True, "Q_QUANT_ITERS": {128: 4, 64: 4}},
+    # session 25: quantize_kv starting where the statistics pass ended (L2 reuse)
+    "kv_rev": {"KV_QUANT_REVERSE": True},
+    "all_fast_rev": {"KV_STATS_FULL_FAST": True, "Q_QUANT_FINITE_FAST": True,
+                     "KV_QUANT_FINITE_FAST": True, "KV_QUANT_REVERSE": True},
 }
 
 

@@ -152,12 +152,12 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
                                   "finite_fast"])
 def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
-    GPU's K/V and Q program rows, K/V's and Q's blocks per program, the statistics' unmasked
-    pass for whole chunks of finite values, Q's and K's blocks of finite values without tests)
-    change only how the work is cut, never a byte of the workspace; the GPU's statistics
-    sub-tile (the interpreter keeps a larger one) only the order of the sums. Varlen with an
-    empty query sequence and lengths that end mid-block, GQA, D=72, and a NaN key (its block's
-    scale NaN)."""
+    GPU's K/V and Q program rows, K/V's and Q's blocks per program, quantize_kv's grid walked
+    backwards, the statistics' unmasked pass for whole chunks of finite values, Q's and K's
+    blocks of finite values without tests) change only how the work is cut, never a byte of
+    the workspace; the GPU's statistics sub-tile (the interpreter keeps a larger one) only the
+    order of the sums. Varlen with an empty query sequence and lengths that end mid-block, GQA,
+    D=72, and a NaN key (its block's scale NaN)."""
     q_lens, k_lens = [300, 0, 77], [300, 520, 77]
     D = 72
     g = torch.Generator().manual_seed(2)
@@ -193,9 +193,11 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
             monkeypatch.setattr(quant, "KV_STATS_FULL_FAST", on)
             monkeypatch.setattr(quant, "Q_QUANT_FINITE_FAST", on)
             monkeypatch.setattr(quant, "KV_QUANT_FINITE_FAST", on)
-        else:  # three blocks per program (not a divisor of 4 per q tile, 8 per 256-key block)
+        else:  # three blocks per program (not a divisor of 4 per q tile, 8 per 256-key block),
+            # and quantize_kv's grid walked backwards
             monkeypatch.setitem(quant.Q_QUANT_ITERS, 128, 3 if on else 1)
             monkeypatch.setitem(quant.KV_QUANT_ITERS, 128, 3 if on else 1)
+            monkeypatch.setattr(quant, "KV_QUANT_REVERSE", on)
         return ws()
 
     rows = {"kv": quant.KV_QUANT_ROWS[128], "q": quant.Q_QUANT_ROWS[128]}

@@ -105,6 +105,12 @@ Q_QUANT_FINITE_FAST = False
 # The same for K's codes in quantize_kv (blocks the statistics pass found finite), and V's
 # codes without the clamp that the GPU's saturating fp8 cast makes redundant.
 KV_QUANT_FINITE_FAST = False
+# quantize_kv walks its grid backwards: it is launched right after the statistics pass (and
+# its small finalize), which read the same K and V forwards, so its first programs find the
+# last ~tens of MB that pass read still in the 50 MB L2 (at Wan 480p the passes read 671 MB
+# each: a few percent of quantize_kv's reads, ~0.01 ms by bandwidth). Same workspace, bitwise.
+# Off until measured on the H200.
+KV_QUANT_REVERSE = False
 
 
 @dataclass
@@ -239,7 +245,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            ITERS=kv_iters, FINITE_FAST=KV_QUANT_FINITE_FAST,
+            ITERS=kv_iters, FINITE_FAST=KV_QUANT_FINITE_FAST, REVERSE=KV_QUANT_REVERSE,
             num_warps=tile_warps(rows, Dp), **rope_args,
         )
     if plan.max_q_blocks:

@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("--full-fast", type=int, default=0, help="stats: FULL_FAST")
     ap.add_argument("--finite-fast", type=int, default=0, help="q, kv: FINITE_FAST")
     ap.add_argument("--iters", type=int, default=1, help="blocks per kv / q program (ITERS)")
+    ap.add_argument("--reverse", type=int, default=0, help="kv: the grid walked backwards")
     ap.add_argument("--rope", type=int, default=0, choices=(0, 1, 2, 3))
     ap.add_argument("--rope-range", action="store_true")
     ap.add_argument("--dump", default="")
@@ -77,8 +78,8 @@ def main() -> int:
         const = dict(DP=a.dp, BLOCK_N=a.rows, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, PV_BF16=False, ROTATE=False, KV_PERM16=True,
                      TWO_TERM=False, SUBBLOCKS=256 // a.rows, KAMAX_FROM_STATS=a.rows < 256,
-                     ITERS=a.iters, FINITE_FAST=bool(a.finite_fast), k_sd=1, v_sd=1,
-                     **rope)
+                     ITERS=a.iters, FINITE_FAST=bool(a.finite_fast), REVERSE=bool(a.reverse),
+                     k_sd=1, v_sd=1, **rope)
         args = (Q.quantize_kv_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D", "Tk_pad"))
     elif a.kernel == "q":
@@ -98,7 +99,7 @@ def main() -> int:
     print(json.dumps(dict(kernel=a.kernel, **{k: v for k, v in const.items()
                                                if k in ("DP", "BLOCK_N", "BLOCK_M", "SUB",
                                                         "PREFETCH", "ITERS", "FULL_FAST",
-                                                        "FINITE_FAST")},
+                                                        "FINITE_FAST", "REVERSE")},
                       **rep)))
     if a.dump:
         with open(a.dump, "w") as f:

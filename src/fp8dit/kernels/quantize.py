@@ -140,19 +140,30 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
 
 
 @triton.jit
-def _block_and_head(HEADS_FIRST: tl.constexpr):
-    """(block, head, number of heads) of this program: the grid is (blocks, heads, sequences),
-    or (heads, blocks, sequences) with ``HEADS_FIRST`` (with ``ROPE``: the programs running at
-    once then share the same rows of the rotary table in L2)."""
+def _block_and_head(HEADS_FIRST: tl.constexpr, REVERSE: tl.constexpr = False):
+    """(block, head, number of heads, sequence) of this program: the grid is (blocks, heads,
+    sequences), or (heads, blocks, sequences) with ``HEADS_FIRST`` (with ``ROPE``: the programs
+    running at once then share the same rows of the rotary table in L2).
+
+    ``REVERSE``: the grid walked backwards (last sequence, head and block first), so a pass
+    launched after one that walked it forwards starts on the tokens that one read last, which
+    may still be in L2 (``quant.KV_QUANT_REVERSE``). Only the order changes."""
     if HEADS_FIRST:
         blk = tl.program_id(1)
         h = tl.program_id(0)
+        n_blk = tl.num_programs(1)
         n_heads = tl.num_programs(0)
     else:
         blk = tl.program_id(0)
         h = tl.program_id(1)
+        n_blk = tl.num_programs(0)
         n_heads = tl.num_programs(1)
-    return blk, h, n_heads
+    b = tl.program_id(2)
+    if REVERSE:
+        blk = n_blk - 1 - blk
+        h = n_heads - 1 - h
+        b = tl.num_programs(2) - 1 - b
+    return blk, h, n_heads, b
 
 
 @triton.jit
@@ -357,8 +368,7 @@ def kv_channel_stats_kernel(
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded; heads first in the grid
     (``_block_and_head``).
     """
-    c, h, Hkv = _block_and_head(ROPE != 0)
-    b = tl.program_id(2)
+    c, h, Hkv, b = _block_and_head(ROPE != 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     t0 = c * CHUNK
@@ -483,7 +493,7 @@ def quantize_kv_kernel(
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False, ITERS: tl.constexpr = 1,
-    FINITE_FAST: tl.constexpr = False,
+    FINITE_FAST: tl.constexpr = False, REVERSE: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
@@ -512,11 +522,11 @@ def quantize_kv_kernel(
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
-    it; heads first in the grid (``_block_and_head``).
+    it; heads first in the grid (``_block_and_head``). ``REVERSE``: the grid walked backwards
+    (``_block_and_head``), starting where the statistics pass ended.
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    pid, h, Hkv = _block_and_head(ROPE != 0)
-    b = tl.program_id(2)
+    pid, h, Hkv, b = _block_and_head(ROPE != 0, REVERSE)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     # a multiple of the plan's kv block: said so, or the V^T store along tokens, whose base
@@ -714,8 +724,7 @@ def quantize_q_kernel(
     (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    pid, h, H = _block_and_head(ROPE != 0)
-    b = tl.program_id(2)
+    pid, h, H, b = _block_and_head(ROPE != 0)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
