@@ -4,6 +4,9 @@
 # with bitwise checks and TB/s per launch, the end-to-end ratio against cuDNN with the
 # candidates on, and memcheck of the new loads.
 # Usage (PYTHONPATH set as in NOTES): bash benchmarks/gpu_quant_session.sh OUTDIR
+# Before spending device time on it: TRITON_INTERPRET=1 PYTHONPATH=src python
+# tests/tools/dry_run_quant_variants.py (the variants part on CPU, bitwise checks included) and
+# python benchmarks/bench_knobs.py --set ... -- --smoke --no-save (the knobs part).
 # PARTS (default "variants knobs memcheck") picks parts; each has its own time limit.
 set -uo pipefail
 out=${1:?outdir}
