@@ -27,14 +27,15 @@ def main() -> int:
                     help="only a Gluon kernel with nothing but warp_specialize (racecheck's "
                          "control, benchmarks/gluon_ws_control.py)")
     ap.add_argument("--quant-fast", action="store_true",
-                    help="with the quantization's session-24 knobs on (paths for finite data, "
-                         "two blocks per program), which load without row masks")
+                    help="with the quantization's session-24 and -25 knobs on (paths for "
+                         "finite data, two blocks per program, quantize_kv walked backwards), "
+                         "which load without row masks")
     args = ap.parse_args()
     if args.quant_fast:
         from fp8dit import quant
 
         quant.KV_STATS_FULL_FAST = quant.Q_QUANT_FINITE_FAST = True
-        quant.KV_QUANT_FINITE_FAST = True
+        quant.KV_QUANT_FINITE_FAST = quant.KV_QUANT_REVERSE = True
         quant.Q_QUANT_ITERS.update({64: 2, 128: 2})
         quant.KV_QUANT_ITERS.update({64: 2, 128: 2})
     if not torch.cuda.is_available():
