@@ -1,6 +1,7 @@
 """The quantization kernels' sm_90 SASS as the H200 runs them, on a machine without a GPU.
 
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py kv [--rows 32] [--dp 128]
+        [--iters 4] [--finite-fast 1] [--reverse 1]
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py q [--rows 32] [--iters 4]
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4] [--prefetch 1]
         [--full-fast 1]
@@ -69,7 +70,7 @@ def main() -> int:
     ap.add_argument("--dump", default="")
     a = ap.parse_args()
     x = "*" + a.dtype
-    bf16_in = dict(k_ptr=x, v_ptr=x, q_ptr=x, seq_ptr="*i32",
+    ptr_types = dict(k_ptr=x, v_ptr=x, q_ptr=x, seq_ptr="*i32",
                    k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", rot_ptr="*i32",
                    k8lo_ptr="*i8", q8lo_ptr="*i8", sm_scale="fp32", sm_scale_log2="fp32",
                    **{n: "*bf16" if a.rope == 2 else "*fp32" for n in ("cos_ptr", "sin_ptr")})
@@ -80,20 +81,20 @@ def main() -> int:
                      TWO_TERM=False, SUBBLOCKS=256 // a.rows, KAMAX_FROM_STATS=a.rows < 256,
                      ITERS=a.iters, FINITE_FAST=bool(a.finite_fast), REVERSE=bool(a.reverse),
                      k_sd=1, v_sd=1, **rope)
-        args = (Q.quantize_kv_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
+        args = (Q.quantize_kv_kernel, ptr_types, const, max(4, a.rows * a.dp // 1024),
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D", "Tk_pad"))
     elif a.kernel == "q":
         const = dict(DP=a.dp, BLOCK_M=a.rows, SMOOTH_K=True, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, ROTATE=False, TWO_TERM=False,
                      SUBBLOCKS=max(1, 64 // a.rows), ITERS=a.iters,
                      FINITE_FAST=bool(a.finite_fast), q_sd=1, **rope)
-        args = (Q.quantize_q_kernel, bf16_in, const, max(4, a.rows * a.dp // 1024),
+        args = (Q.quantize_q_kernel, ptr_types, const, max(4, a.rows * a.dp // 1024),
                 ("q_sb", "q_st", "q_sh", "D", "Tq_pad"))
     else:
         const = dict(DP=a.dp, CHUNK=512, SUB=a.sub, KBLK=256, PREFETCH=a.prefetch,
                      FULL_FAST=bool(a.full_fast),
                      k_sd=1, v_sd=1, SOFT_CAST=False, **rope)
-        args = (Q.kv_channel_stats_kernel, bf16_in, const, 4,
+        args = (Q.kv_channel_stats_kernel, ptr_types, const, 4,
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D"))
     sass, rep = compile_sm90(*args)
     print(json.dumps(dict(kernel=a.kernel, **{k: v for k, v in const.items()
