@@ -5,7 +5,7 @@ Run with one process per GPU::
     torchrun --nproc-per-node 2 benchmarks/bench_context_parallel.py --layers 2
 
 diffusers' ``WanTransformer3DModel`` at the A14B width (40 heads x 128, ffn 13824, text 4096;
-``fp8dit.demo.PRESETS``) with ``--layers`` blocks and seeded random weights, on 720p 81-frame
+``fp8dit.tools.demo.PRESETS``) with ``--layers`` blocks and seeded random weights, on 720p 81-frame
 latents (75,600 tokens) or 480p. Every rank builds the same model and gets rank 0's inputs. Rows:
 
 * ``single``: each GPU runs the whole forward alone (no collectives): fp8dit, and bf16 through
@@ -138,7 +138,7 @@ def _build(preset, args, device, backend, mode):
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
-    from fp8dit.demo import build_model
+    from fp8dit.tools.demo import build_model
 
     model = build_model(preset, args.layers, args.seed, device)
     for t in list(model.parameters()) + list(model.buffers()):
@@ -155,9 +155,9 @@ def run(args, device) -> int:
     import triton
 
     import fp8dit
-    from fp8dit.demo import PRESETS
     from fp8dit.integrations import diffusers as fd
     from fp8dit.testing import error_stats
+    from fp8dit.tools.demo import PRESETS
 
     _warning_once_shim()
     fd.register()
@@ -274,7 +274,7 @@ def run(args, device) -> int:
 
 
 def _write(rows, gpu, out):
-    from fp8dit.bench import gpu_slug, save_results
+    from fp8dit.tools.bench import gpu_slug, save_results
 
     out_path = Path(out) if out else RESULTS / f"{gpu_slug(gpu)}-context-parallel.json"
     save_results(out_path, rows)

@@ -101,7 +101,7 @@ def sdpa_baselines(parser, text: str, allowed=("auto", "cudnn", "flash", "effici
 
 
 def forward_inputs(preset: dict, seed: int, device) -> dict:
-    """One denoising step's inputs for a Wan preset of ``fp8dit.demo.PRESETS``: random bf16
+    """One denoising step's inputs for a Wan preset of ``fp8dit.tools.demo.PRESETS``: random bf16
     latents of its 720p/480p shape, timestep 500, random text embeddings."""
     cfg = preset["config"]
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -204,7 +204,7 @@ def graph_breaks(model, inputs) -> tuple[int, list[str]]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from fp8dit.demo import PRESETS, build_model
+    from fp8dit.tools.demo import PRESETS, build_model
 
     preset = PRESETS[f"wan2.2-a14b-{args.resolution}"]
     cfg = preset["config"]
@@ -233,8 +233,8 @@ def run_and_report(models: dict, inputs: dict, args, suffix: str, meta: dict) ->
     ``args.out`` or results/<gpu>-<suffix>.json. ``meta``: the model's own row fields."""
     import diffusers
 
-    from fp8dit.bench import run_metadata
     from fp8dit.integrations import diffusers as fd
+    from fp8dit.tools.bench import run_metadata
 
     baseline = next(iter(models))
     with fd.record_calls() as calls, torch.no_grad():
@@ -401,7 +401,7 @@ def compare_forwards(models: dict, inputs: dict, baseline: str, modes, warmup: i
 def report(rows: list[dict], baseline: str, out_path: Path | None, suffix: str) -> int:
     """Append ``rows`` to ``out_path`` (default results/<gpu>-<suffix>.json), print the table;
     the exit code: 1 when a row failed or gave NaN."""
-    from fp8dit.bench import gpu_slug, save_results
+    from fp8dit.tools.bench import gpu_slug, save_results
 
     if out_path is None:
         out_path = RESULTS / f"{gpu_slug(rows[0]['gpu'])}-{suffix}.json"

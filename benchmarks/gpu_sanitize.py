@@ -32,12 +32,12 @@ def main() -> int:
                          "which load without row masks")
     args = ap.parse_args()
     if args.quant_fast:
-        from fp8dit import quant
+        from fp8dit import quantize
 
-        quant.KV_STATS_FULL_FAST = quant.Q_QUANT_FINITE_FAST = True
-        quant.KV_QUANT_FINITE_FAST = quant.KV_QUANT_REVERSE = True
-        quant.Q_QUANT_ITERS.update({64: 2, 128: 2})
-        quant.KV_QUANT_ITERS.update({64: 2, 128: 2})
+        quantize.KV_STATS_FULL_FAST = quantize.Q_QUANT_FINITE_FAST = True
+        quantize.KV_QUANT_FINITE_FAST = quantize.KV_QUANT_REVERSE = True
+        quantize.Q_QUANT_ITERS.update({64: 2, 128: 2})
+        quantize.KV_QUANT_ITERS.update({64: 2, 128: 2})
     if not torch.cuda.is_available():
         print("gpu_sanitize: no CUDA GPU here")
         return 1

@@ -190,11 +190,11 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     head dims padded to 256); CPU (interpreter) runs are never redirected."""
     from types import SimpleNamespace
 
-    from fp8dit import dispatch, launch
+    from fp8dit import attend, dispatch
 
     cap = {"value": (9, 0)}
     monkeypatch.setattr(dispatch, "_capability", lambda index: cap["value"])
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
 
     def fake(d, device="cuda"):
@@ -210,9 +210,9 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     monkeypatch.setenv("FP8DIT_KERNEL", "triton")
     assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
     monkeypatch.delenv("FP8DIT_KERNEL")
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", ("0.1",))  # not this release
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", ("0.1",))  # not this release
     assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     cap["value"] = (8, 0)
     assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
     assert dispatch.fp8_not_preferred_reason(
@@ -242,11 +242,11 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
 def test_kernel_aware_preference_traces_without_a_graph_break(monkeypatch):
     """auto's preference runs inside compiled forwards (dispatch is traced): the check of which
     kernel will run must not break the graph, also on its first call (release not read yet)."""
-    from fp8dit import dispatch, launch
+    from fp8dit import attend, dispatch
 
     monkeypatch.setattr(dispatch, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
-    monkeypatch.setattr(launch, "_TRITON_RELEASE", {})
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
+    monkeypatch.setattr(attend, "_TRITON_RELEASE", {})
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
 
     def f(x):

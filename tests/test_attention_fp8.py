@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fp8dit
-from fp8dit import launch
+from fp8dit import attend
 from fp8dit.recipes import RECIPES, get_recipe
 from fp8dit.testing import (
     attention_emulated,
@@ -81,10 +81,10 @@ def test_sm90_kernels_match_fp64(case, kernel, monkeypatch):
     monkeypatch.setenv("FP8DIT_KERNEL", kernel)
     B, Sq, Sk, H, Hkv, D, causal, splits = case
     dev = torch.device("cuda")
-    plan, cfg = launch.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
+    plan, cfg = attend.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
                                 num_kv_heads=Hkv, head_dim=D, is_causal=causal, device=dev,
                                 num_splits=splits)
-    assert launch.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
+    assert attend.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
     test_fp8_matches_fp64(case, "cuda")
 
 
@@ -96,10 +96,10 @@ def test_sm90_kernels_varlen_with_an_empty_sequence(kernel, monkeypatch):
     monkeypatch.setenv("FP8DIT_KERNEL", kernel)
     dev = torch.device("cuda")
     for causal in (False, True):  # test_varlen_mixed_lengths' calls run the kernel asked for
-        plan, cfg = launch.plan_for([113, 0, 300, 1], [200, 50, 239, 17], varlen=True,
+        plan, cfg = attend.plan_for([113, 0, 300, 1], [200, 50, 239, 17], varlen=True,
                                     num_heads=4, num_kv_heads=2, head_dim=64,
                                     is_causal=causal, device=dev)
-        assert launch.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
+        assert attend.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
     test_varlen_mixed_lengths("cuda")
     test_varlen_empty_key_sequence_gives_zeros_and_minus_inf("cuda")
 

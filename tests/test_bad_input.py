@@ -407,7 +407,7 @@ def test_diffusers_dispatcher_reports_the_same_errors():
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line: fp8dit demo | bench | check through fp8dit.cli.main
+# Command line: fp8dit demo | bench | check through fp8dit.tools.cli.main
 # ---------------------------------------------------------------------------------------------
 
 NO_DIR = "{tmp}/no-such-dir"
@@ -471,7 +471,7 @@ CLI_CASES = [
 @pytest.mark.parametrize("argv, env, pattern",
                          [pytest.param(*row[1:], id=row[0]) for row in CLI_CASES])
 def test_cli_bad_input(monkeypatch, capsys, tmp_path, argv, env, pattern):
-    from fp8dit import cli
+    from fp8dit.tools import cli
 
     for name, obj in WRONG_FILES.items():
         torch.save(obj, tmp_path / name)
@@ -493,7 +493,7 @@ def test_cli_bad_input(monkeypatch, capsys, tmp_path, argv, env, pattern):
 
 def test_check_inputs_with_mixed_dtypes_runs(tmp_path, capsys):
     """q float16, k bfloat16, v float32 in one file: one kernel dtype, not a row of errors."""
-    from fp8dit import cli
+    from fp8dit.tools import cli
 
     q, k, v = make_qkv(1, 2, 16, 64, dtype=torch.float32, seed=3)
     path = tmp_path / "mixed.pt"

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp8dit import bench, check
-from fp8dit.presets import (
+from fp8dit.recipes import RECIPES
+from fp8dit.tools import bench, check
+from fp8dit.tools.presets import (
     PRESETS,
     ShapeError,
     attention_flops,
     parse_shape,
     resolve_shapes,
 )
-from fp8dit.recipes import RECIPES
 
 REPO = Path(__file__).resolve().parent.parent
 needs_interpreter = pytest.mark.skipif(
@@ -144,9 +144,9 @@ def test_bench_smoke_prints_a_table(capsys):
 
 @needs_interpreter
 def test_bench_flags_a_kernel_that_leaves_its_output_unwritten(monkeypatch, capsys):
-    import fp8dit.launch
+    import fp8dit.attend
 
-    monkeypatch.setattr(fp8dit.launch, "attention_stage", lambda *a, **k: None)
+    monkeypatch.setattr(fp8dit.attend, "attention_stage", lambda *a, **k: None)
     rc = _run(bench, ["--smoke", "--shape", "1,1,64,64", "--backends",
                       "fp8dit-kernel,sdpa-math", "--repeats", "1"])
     rows = {r[1]: r for r in _table(capsys.readouterr().out, "preset")}
@@ -382,8 +382,8 @@ def test_check_plot_and_json(tmp_path, capsys):
 
 
 def test_cli_wires_bench_and_check(capsys):
-    pytest.importorskip("fp8dit.demo")  # the cli imports every subcommand's module
-    from fp8dit import cli
+    pytest.importorskip("fp8dit.tools.demo")  # the cli imports every subcommand's module
+    from fp8dit.tools import cli
 
     with pytest.raises(SystemExit):
         cli.main(["bench", "--help"])

@@ -36,8 +36,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from diffusers import ContextParallelConfig, WanTransformer3DModel  # noqa: E402
 
 import fp8dit  # noqa: E402
-from fp8dit.capture import attention_layer_outputs  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
+from fp8dit.integrations.capture import attention_layer_outputs  # noqa: E402
 from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 
 WORLD = 2

@@ -1,4 +1,4 @@
-"""The cuDNN FP8 peer (fp8dit.cudnn_fp8): its per-tensor quantization on CPU, the kernel on
+"""The cuDNN FP8 peer (fp8dit.tools.cudnn_fp8): its per-tensor quantization on CPU, the kernel on
 a Hopper GPU with the cuDNN frontend installed."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8dit import cudnn_fp8
 from fp8dit.testing import attention_ref, error_stats, make_qkv
+from fp8dit.tools import cudnn_fp8
 
 
 def test_round_down_bf16_is_the_largest_bf16_not_above():

@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("diffusers")
 
-import fp8dit.cli  # noqa: E402
-from fp8dit import demo  # noqa: E402
+import fp8dit.tools.cli  # noqa: E402
+from fp8dit.tools import demo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -59,18 +59,19 @@ def _check_output(text: str) -> None:
 
 
 def _need_cli_modules():
-    # fp8dit.cli builds every subcommand's parser, so it needs all their modules.
+    # fp8dit.tools.cli builds every subcommand's parser, so it needs all their modules.
     import importlib.util
 
-    missing = [m for m, _ in fp8dit.cli.SUBCOMMANDS.values() if importlib.util.find_spec(m) is None]
+    missing = [m for m, _ in fp8dit.tools.cli.SUBCOMMANDS.values()
+               if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"fp8dit.cli needs {missing}, not written yet")
+        pytest.skip(f"fp8dit.tools.cli needs {missing}, not written yet")
 
 
 def test_demo_through_cli(tmp_path, capsys):
     _need_cli_modules()
     png = tmp_path / "demo.png"
-    assert fp8dit.cli.main(["demo", *TINY_RUN, "--out", str(png)]) == 0
+    assert fp8dit.tools.cli.main(["demo", *TINY_RUN, "--out", str(png)]) == 0
     text = capsys.readouterr().out
     _check_output(text)
     if _has_matplotlib():

@@ -18,8 +18,8 @@ import diffusers.models.attention_dispatch as ad  # noqa: E402
 from conftest import explain_with_fp8dit  # noqa: E402
 
 import fp8dit  # noqa: E402
-from fp8dit.capture import attention_layer_outputs  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
+from fp8dit.integrations.capture import attention_layer_outputs  # noqa: E402
 from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,10 +17,10 @@ import diffusers.models.attention_processor as ap  # noqa: E402
 from conftest import build_tiny_wan, explain_with_fp8dit, tiny_hunyuan_video_15  # noqa: E402
 
 import fp8dit  # noqa: E402
-from fp8dit.capture import capture_qkv  # noqa: E402
-from fp8dit.guard import QualityPolicy  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
 from fp8dit.integrations import diffusers_processors as dp  # noqa: E402
+from fp8dit.integrations.capture import capture_qkv  # noqa: E402
+from fp8dit.integrations.guard import QualityPolicy  # noqa: E402
 from fp8dit.testing import error_stats  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

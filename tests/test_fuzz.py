@@ -91,7 +91,7 @@ def test_fuzz_varlen(lens, H, D, causal, seed):
 def test_fuzz_dense_key_lengths(Sq, Sk, data, Hkv, group, D, splits, layout, seed):
     """The dense launcher over a prefix of each sequence's keys (key-padding masks,
     ``fp8dit.key_padding``); the dropped keys hold NaN, which must never reach the output."""
-    from fp8dit.launch import fp8_attention_fwd
+    from fp8dit.attend import fp8_attention_fwd
     from fp8dit.recipes import get_recipe
 
     lens = data.draw(st.lists(st.integers(0, Sk), min_size=1, max_size=3), label="k_lens")

@@ -14,11 +14,11 @@ pytest.importorskip("diffusers")
 
 import diffusers.models.attention_dispatch as ad  # noqa: E402
 
-from fp8dit import check  # noqa: E402
-from fp8dit.capture import capture_qkv  # noqa: E402
-from fp8dit.guard import QualityPolicy, measure_captured, propose_policy  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
+from fp8dit.integrations.capture import capture_qkv  # noqa: E402
+from fp8dit.integrations.guard import QualityPolicy, measure_captured, propose_policy  # noqa: E402
 from fp8dit.testing import ErrorStats  # noqa: E402
+from fp8dit.tools import check  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LAYERS = ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]

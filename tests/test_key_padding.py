@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8dit import key_padding as kp
-from fp8dit.launch import fp8_attention_fwd
+from fp8dit.attend import fp8_attention_fwd
 from fp8dit.recipes import get_recipe
 from fp8dit.testing import attention_ref, error_stats
 
@@ -403,7 +403,7 @@ def test_tiny_hunyuan_video_runs_fp8_over_its_key_padding(registered):
 def test_warp_specialized_kernel_over_kept_keys_on_the_gpu():
     """HunyuanVideo-like lengths on the H200's default kernel: 9,216 video + 256 text tokens,
     two sequences keeping 100 and 31 text tokens; garbage in the dropped keys."""
-    from fp8dit.launch import kernel_for
+    from fp8dit.attend import kernel_for
     from fp8dit.testing import attention_ref_rows
 
     B, S, H, D = 2, 9216 + 256, 8, 128
@@ -432,9 +432,9 @@ def test_capture_saves_hunyuan_calls_as_their_kept_keys(registered, tmp_path, ca
     so `fp8dit check --inputs` and the quality guard's measurements work on that model."""
     import argparse
 
-    from fp8dit import check
-    from fp8dit.capture import capture_qkv
-    from fp8dit.guard import measure_captured
+    from fp8dit.integrations.capture import capture_qkv
+    from fp8dit.integrations.guard import measure_captured
+    from fp8dit.tools import check
 
     model, inputs = _tiny_hunyuan()
     fd.enable(model)

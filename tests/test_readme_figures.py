@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8dit import bench
+from fp8dit.tools import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 import fp8dit
-from fp8dit import launch, quant, testing
+from fp8dit import attend, quantize, testing
 from fp8dit.kernels.common import to_bf16
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from fp8dit.testing import (
@@ -166,10 +166,10 @@ def test_new_recipes_keep_nan_in_its_row(name):
 
 def _varlen_workspace(recipe, q, k, v, q_lens, k_lens, scale):
     H, Hkv, D = q.shape[1], k.shape[1], q.shape[2]
-    plan, _ = launch.plan_for(q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv,
+    plan, _ = attend.plan_for(q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv,
                               head_dim=D, is_causal=False, device=q.device)
-    st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
-    ws = quant.quantize_stage(plan, recipe, scale, q, st[0], k, st[1], v, st[2])
+    st = [attend._bthd_strides(t, "varlen") for t in (q, k, v)]
+    ws = quantize.quantize_stage(plan, recipe, scale, q, st[0], k, st[1], v, st[2])
     return plan, ws
 
 
@@ -199,7 +199,7 @@ def test_per_tensor_scales_span_sequences_and_heads():
     qa, ka, va = (float(t.float().abs().max()) for t in (q, k, v))
     rows = _valid_rows(q_lens, plan.key.block_m)
     q_scale = ws.q_scale[:, rows]
-    torch.testing.assert_close(q_scale, torch.full_like(q_scale, qa / 448 * scale * quant.LOG2E))
+    torch.testing.assert_close(q_scale, torch.full_like(q_scale, qa / 448 * scale * quantize.LOG2E))
     n_blocks = sum(-(-n // plan.key.block_n) for n in k_lens)
     k_scale = ws.k_scale[:, :n_blocks]
     torch.testing.assert_close(k_scale, torch.full_like(k_scale, ka / 448))
@@ -251,11 +251,11 @@ def test_bf16_pv_stores_v_as_is_and_unscaled():
 
 def test_bf16_stages_fit_two_programs_per_sm():
     # bf16 V doubles the V tile; two stages keep the shared memory of the default's three.
-    cfg = launch.tile_config(128, torch.device("cpu"))
+    cfg = attend.tile_config(128, torch.device("cpu"))
     ws = type("W", (), {"pv_bf16": True})()
-    assert cfg["programs_per_sm"] == 2 and launch._num_stages(cfg, ws) == 2
+    assert cfg["programs_per_sm"] == 2 and attend._num_stages(cfg, ws) == 2
     ws.pv_bf16 = False
-    assert launch._num_stages(cfg, ws) == cfg["num_stages"]
+    assert attend._num_stages(cfg, ws) == cfg["num_stages"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,10 +311,10 @@ def test_v_rounding_error_does_not_add_up_over_tokens():
     v = (torch.randn(1, S, 1, D, generator=g) + 0.3).bfloat16()  # a mean off the grid
     k = torch.randn(1, S, 1, D, generator=g).bfloat16()
     q, k, v = (t.to(DEVICE) for t in (q, k, v))
-    plan, _ = launch.plan_for([1], [S], varlen=False, num_heads=1, num_kv_heads=1, head_dim=D,
+    plan, _ = attend.plan_for([1], [S], varlen=False, num_heads=1, num_kv_heads=1, head_dim=D,
                               is_causal=False, device=q.device)
-    st = launch._bthd_strides(q, "NHD")
-    ws = quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 1.0, q, st, k, st, v, st)
+    st = attend._bthd_strides(q, "NHD")
+    ws = quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 1.0, q, st, k, st, v, st)
     tau = torch.exp2(testing._v_block_log2_scale(S, plan.key.block_n, DEVICE))[:, None]
     deq = ws.v8t[0, :D, :S].float().T * tau * ws.v_scale[0, 0] + ws.v_mean[0, 0]
     err = deq - v[0, :, 0].float()

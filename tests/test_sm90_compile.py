@@ -20,7 +20,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fp8dit
-from fp8dit import launch, quant
+from fp8dit import attend, merge, quantize
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 
 pytestmark = pytest.mark.skipif(
@@ -31,8 +31,9 @@ _DTYPES = {
     torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
     torch.int64: "i64", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv",
 }
-# every kernel the FP8 path launches: the quantization (quant) and attention/merge (launch)
-KERNELS = [(mod, name) for mod in (quant, launch) for name in dir(mod) if name.endswith("_kernel")]
+# every kernel the FP8 path launches: quantization, attention and the split-KV merge
+KERNELS = [(mod, name) for mod in (quantize, attend, merge) for name in dir(mod)
+           if name.endswith("_kernel")]
 
 
 def _arg_type(value):
@@ -104,22 +105,22 @@ def _record(monkeypatch):
     # The warp-specialized kernel's 256-key blocks (its launch needs a GPU): the quantization
     # they take, with each block's K amax from the statistics pass.
     for D in (64, 128):
-        monkeypatch.setitem(launch.TILE_OVERRIDES, D, dict(block_n=256))
+        monkeypatch.setitem(attend.TILE_OVERRIDES, D, dict(block_n=256))
         q, k, v = (torch.randn(1, 600, 2, D, generator=g).bfloat16() for _ in range(3))
-        plan, _ = launch.plan_for([600], [600], varlen=False, num_heads=2, num_kv_heads=2,
+        plan, _ = attend.plan_for([600], [600], varlen=False, num_heads=2, num_kv_heads=2,
                                   head_dim=D, is_causal=False, device=q.device)
-        st = launch._bthd_strides(q, "NHD")
-        quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+        st = attend._bthd_strides(q, "NHD")
+        quantize.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                              kv_perm16=True)
         for dtype in (torch.float32, torch.bfloat16):  # with Wan's rotary tables fused in
             tables = torch.randn(2, 600, D // 2, generator=g).to(dtype)
-            quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+            quantize.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                                  kv_perm16=True, rope=tables)
         # diffusers' apply_rotary_emb on the tokens after a text prefix (CogVideoX)
         tables = torch.randn(2, 500, D, generator=g)  # whole cos and sin rows
-        quant.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
+        quantize.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                              kv_perm16=True, rope=tables, rope_start=100)
-        monkeypatch.delitem(launch.TILE_OVERRIDES, D)
+        monkeypatch.delitem(attend.TILE_OVERRIDES, D)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
     assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2, 3}
     assert any(r["constexprs"].get("ROPE_RANGE") for r in sink)

@@ -17,17 +17,17 @@ import pytest
 import torch
 import triton
 
-from fp8dit import env, launch, quant
+from fp8dit import attend, env, quantize
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
 
 
 def _workspace(kv_perm16, S=300, D=64):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
-    plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2, head_dim=D,
+    plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2, head_dim=D,
                               is_causal=False, device=q.device)
-    st = launch._bthd_strides(q, "NHD")
-    return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st, v, st,
+    st = attend._bthd_strides(q, "NHD")
+    return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st, v, st,
                                 kv_perm16=kv_perm16)
 
 
@@ -54,20 +54,20 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
     block, and the empty second half of the last block is written (zeros), never left
     uninitialized."""
     S, D = 300, 128  # the last 256-key block holds 44 keys: its second half is empty
-    monkeypatch.setattr(quant, "K_SCALE_KEYS", k_scale_keys)
+    monkeypatch.setattr(quantize, "K_SCALE_KEYS", k_scale_keys)
 
     def ws_for(block_n):
-        monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=block_n))
-        monkeypatch.setattr(quant, "K_SCALE_KEYS", k_scale_keys)
+        monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=block_n))
+        monkeypatch.setattr(quantize, "K_SCALE_KEYS", k_scale_keys)
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
-        plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
+        plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
                                   head_dim=D, is_causal=False, device=q.device)
-        st = launch._bthd_strides(q, "NHD")
+        st = attend._bthd_strides(q, "NHD")
         # poison the workspace memory the quantizer must overwrite
         monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
         try:
-            ws = quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
+            ws = quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
                                       v, st, kv_perm16=True)
         finally:
             monkeypatch.undo()
@@ -118,19 +118,19 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
     v = torch.randn(T, 2, D, generator=g).bfloat16()
     if bad is not None:
         k[300 + 400, 1, 7] = bad  # second sequence, key 400: block 1, second half
-    monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=256))
-    plan, _ = launch.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
+    monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=256))
+    plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
     assert plan.key.block_n == 256 and plan.stats_chunk == 256  # whole kv blocks per chunk
 
     def ws(rows):
-        monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows)
-        st = launch._bthd_strides(q, "varlen")
+        monkeypatch.setitem(quantize.KV_QUANT_ROWS, 128, rows)
+        st = attend._bthd_strides(q, "varlen")
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))
-            return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
-                                        launch._bthd_strides(k, "varlen"), v,
-                                        launch._bthd_strides(v, "varlen"), kv_perm16=True)
+            return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
+                                        attend._bthd_strides(k, "varlen"), v,
+                                        attend._bthd_strides(v, "varlen"), kv_perm16=True)
 
     spanning, from_stats = ws(0), ws(128)
     live = from_stats.k_scale.isfinite().repeat_interleave(256, 1)[..., None]  # [Hkv, T, 1]
@@ -166,42 +166,42 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
          + torch.randn(D, generator=g) * 5).bfloat16()
     v = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
     k[300 + 130, 0, 3] = float("nan")
-    monkeypatch.setitem(launch.TILE_OVERRIDES, 128, dict(block_n=256))
-    plan, _ = launch.plan_for(q_lens, k_lens, varlen=True, num_heads=4, num_kv_heads=2,
+    monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=256))
+    plan, _ = attend.plan_for(q_lens, k_lens, varlen=True, num_heads=4, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
     assert plan.key.block_n == 256 and plan.stats_chunk == 256
 
     def ws():
-        st = [launch._bthd_strides(t, "varlen") for t in (q, k, v)]
+        st = [attend._bthd_strides(t, "varlen") for t in (q, k, v)]
         with monkeypatch.context() as m:
             m.setattr(torch, "empty", _poisoned(torch.empty))
-            return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+            return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
                                         st[1], v, st[2], kv_perm16=True)
 
     def with_knob(on):
         if knob == "stats_prefetch":
-            monkeypatch.setattr(quant, "KV_STATS_PREFETCH", on)
+            monkeypatch.setattr(quantize, "KV_STATS_PREFETCH", on)
         elif knob == "stats_sub":  # the GPU's sub-tile against the interpreter's default
-            monkeypatch.setattr(quant, "KV_STATS_SUB_ELEMS_INTERPRET",
-                                quant.KV_STATS_SUB_ELEMS if on else 2048)
+            monkeypatch.setattr(quantize, "KV_STATS_SUB_ELEMS_INTERPRET",
+                                quantize.KV_STATS_SUB_ELEMS if on else 2048)
         elif knob == "kv_rows":  # the GPU's rows (32 at D=128) against 128
-            monkeypatch.setitem(quant.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
+            monkeypatch.setitem(quantize.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
         elif knob == "q_rows":
-            monkeypatch.setitem(quant.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
+            monkeypatch.setitem(quantize.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
         elif knob == "finite_fast":  # whole chunks unmasked (one with the NaN key), and
             # Q's and K's finite blocks without tests (their own tests count the paths taken)
-            monkeypatch.setattr(quant, "KV_STATS_FULL_FAST", on)
-            monkeypatch.setattr(quant, "Q_QUANT_FINITE_FAST", on)
-            monkeypatch.setattr(quant, "KV_QUANT_FINITE_FAST", on)
+            monkeypatch.setattr(quantize, "KV_STATS_FULL_FAST", on)
+            monkeypatch.setattr(quantize, "Q_QUANT_FINITE_FAST", on)
+            monkeypatch.setattr(quantize, "KV_QUANT_FINITE_FAST", on)
         else:  # three blocks per program (not a divisor of 4 per q tile, 8 per 256-key block),
             # and quantize_kv's grid walked backwards
-            monkeypatch.setitem(quant.Q_QUANT_ITERS, 128, 3 if on else 1)
-            monkeypatch.setitem(quant.KV_QUANT_ITERS, 128, 3 if on else 1)
-            monkeypatch.setattr(quant, "KV_QUANT_REVERSE", on)
+            monkeypatch.setitem(quantize.Q_QUANT_ITERS, 128, 3 if on else 1)
+            monkeypatch.setitem(quantize.KV_QUANT_ITERS, 128, 3 if on else 1)
+            monkeypatch.setattr(quantize, "KV_QUANT_REVERSE", on)
         return ws()
 
-    rows = {"kv": quant.KV_QUANT_ROWS[128], "q": quant.Q_QUANT_ROWS[128]}
-    assert rows["kv"] < 128 and rows["q"] < 64 and quant.KV_STATS_SUB_ELEMS < 2048
+    rows = {"kv": quantize.KV_QUANT_ROWS[128], "q": quantize.Q_QUANT_ROWS[128]}
+    assert rows["kv"] < 128 and rows["q"] < 64 and quantize.KV_STATS_SUB_ELEMS < 2048
     base, other = with_knob(False), with_knob(True)
     assert base.k_scale.isnan().sum() == 1
     for name in ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean"):
@@ -234,10 +234,10 @@ def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v, rope=
     monkeypatch.setattr(kq, helper, counted)
 
     def ws(on):
-        monkeypatch.setattr(quant, knob, on)
+        monkeypatch.setattr(quantize, knob, on)
         calls.clear()
-        st = [launch._bthd_strides(t, layout) for t in (q, k, v)]
-        return quant.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
+        st = [attend._bthd_strides(t, layout) for t in (q, k, v)]
+        return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
                                     st[1], v, st[2], kv_perm16=True, rope=rope), len(calls)
     return ws
 
@@ -257,8 +257,8 @@ def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch, dt
     q = torch.randn(sum(k_lens), 2, D, generator=g).to(dtype)
     k = (torch.randn(sum(k_lens), 2, D, generator=g) + torch.randn(D, generator=g) * 4).to(dtype)
     v = torch.randn(sum(k_lens), 2, D, generator=g).to(dtype)
-    monkeypatch.setitem(launch.TILE_OVERRIDES, 64, dict(block_n=256))
-    plan, _ = launch.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
+    monkeypatch.setitem(attend.TILE_OVERRIDES, 64, dict(block_n=256))
+    plan, _ = attend.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
     assert plan.stats_chunk == 256
     # Wan's rotary tables (fp32), K rotated as loaded
@@ -293,8 +293,8 @@ def test_query_blocks_of_finite_values_skip_the_tests_bitwise(monkeypatch):
     q[0, 1, 100, 3] = 3e38  # finite, near bf16's largest: stays on the fast path
     k = (torch.randn(1, 2, S, D, generator=g) + torch.randn(D, generator=g) * 4).bfloat16()
     v = torch.randn(1, 2, S, D, generator=g).bfloat16()
-    monkeypatch.setitem(quant.Q_QUANT_ROWS, 64, 32)
-    plan, _ = launch.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
+    monkeypatch.setitem(quantize.Q_QUANT_ROWS, 64, 32)
+    plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
                               head_dim=D, is_causal=False, device=q.device)
     ws = _workspaces_counting(monkeypatch, "_q_scales_and_codes", "Q_QUANT_FINITE_FAST", plan,
                               "HND", q, k, v)
@@ -333,24 +333,24 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     """``kernel_for`` on a (pretended) sm_90 GPU: long dense non-causal D=128 calls with the
     int8-QK/fp8-PV recipes go to the Gluon kernel, everything else to the Triton one."""
     # imported (and cached) under the suite's interpreter setting, as a process would once
-    assert launch._gluon_sm90_module("attention_sm90_ws") is not None
+    assert attend._gluon_sm90_module("attention_sm90_ws") is not None
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cap = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     gpu = torch.device("cuda", 0)
     default = get_recipe(DEFAULT_RECIPE)
-    n = launch.WS_MIN_KV_TOKENS[128]
+    n = attend.WS_MIN_KV_TOKENS[128]
 
     def choice(head_dim=128, k_len=75600, causal=False, recipe=default, device=gpu):
-        return launch.kernel_for(head_dim, k_len, causal, recipe, device)
+        return attend.kernel_for(head_dim, k_len, causal, recipe, device)
 
     assert choice() == "gluon-ws"  # Wan 720p
     assert choice(k_len=n) == "gluon-ws"
     assert choice(k_len=n - 1) == "triton"  # Flux-like lengths measured slower on it
     assert choice(head_dim=64, k_len=17776) == "gluon-ws"  # CogVideoX
-    assert choice(head_dim=64, k_len=launch.WS_MIN_KV_TOKENS[64] - 1) == "triton"
+    assert choice(head_dim=64, k_len=attend.WS_MIN_KV_TOKENS[64] - 1) == "triton"
     assert choice(head_dim=256) == "triton"  # not written for it
     assert choice(head_dim=72) == "gluon-ws"  # padded to 128
     assert choice(causal=True) == "triton"  # not measured
@@ -363,19 +363,19 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     cap["value"] = (10, 0)
     assert choice() == "triton"
     cap["value"] = (9, 0)
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", ("0.0",))  # a Triton not run on a GPU
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", ("0.0",))  # a Triton not run on a GPU
     assert choice() == "triton"
-    monkeypatch.setattr(launch, "WS_VERIFIED_TRITON", (launch.triton_release(),))
+    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     for name in ("triton", "gluon", "gluon-ws"):  # a named kernel is taken as asked
         monkeypatch.setenv("FP8DIT_KERNEL", name)
         assert choice(head_dim=64, k_len=100) == name
     # The tiles follow the choice: 128-row work items for the Gluon kernel.
     monkeypatch.delenv("FP8DIT_KERNEL")
-    monkeypatch.setattr(launch, "_sm_count", lambda index: 132)
-    assert launch.tile_config(128, gpu, "gluon-ws")["block_m"] == 128
-    assert launch.tile_config(128, gpu, "gluon-ws")["block_n"] == launch.WS_TILES[128]["block_n"]
-    assert launch.tile_config(128, gpu, "gluon-ws", is_causal=True)["block_n"] == 128
-    assert launch.tile_config(128, gpu, "triton")["block_m"] == 64
+    monkeypatch.setattr(attend, "_sm_count", lambda index: 132)
+    assert attend.tile_config(128, gpu, "gluon-ws")["block_m"] == 128
+    assert attend.tile_config(128, gpu, "gluon-ws")["block_n"] == attend.WS_TILES[128]["block_n"]
+    assert attend.tile_config(128, gpu, "gluon-ws", is_causal=True)["block_n"] == 128
+    assert attend.tile_config(128, gpu, "triton")["block_m"] == 64
 
 
 def test_gluon_kernels_never_run_off_an_sm90_gpu(monkeypatch):
@@ -383,10 +383,10 @@ def test_gluon_kernels_never_run_off_an_sm90_gpu(monkeypatch):
     # the Triton kernel's tiles.
     for name in ("gluon", "gluon-ws"):
         monkeypatch.setenv("FP8DIT_KERNEL", name)
-        plan, cfg = launch.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
+        plan, cfg = attend.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
                                     head_dim=128, is_causal=False, device=torch.device("cpu"))
         assert cfg["block_m"] == 64
-        assert launch.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu")) \
+        assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu")) \
             is None
 
 
@@ -433,18 +433,18 @@ def test_split_kv_barriers_change_no_output_bit(monkeypatch):
     from fp8dit.testing import make_qkv
 
     monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
-    tiles = {dp: dict(t) for dp, t in launch.WS_TILES.items()}
+    tiles = {dp: dict(t) for dp, t in attend.WS_TILES.items()}
 
     def run(split, call):
         for dp, t in tiles.items():
-            monkeypatch.setitem(launch.WS_TILES, dp, {**t, "sm90_split_kv": split})
+            monkeypatch.setitem(attend.WS_TILES, dp, {**t, "sm90_split_kv": split})
         return call()
 
     for D in (64, 128):
         q, k, v = make_qkv(1, 2, 3001, D, device="cuda", seed=D)
-        plan, cfg = launch.plan_for([3001], [3001], varlen=False, num_heads=2, num_kv_heads=2,
+        plan, cfg = attend.plan_for([3001], [3001], varlen=False, num_heads=2, num_kv_heads=2,
                                     head_dim=D, is_causal=False, device=q.device)
-        assert launch.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), q.device,
+        assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), q.device,
                                      cfg["kernel"]) == "gluon-ws" and plan.key.block_n == 256
         for splits in (None, 3):
             call = functools.partial(fp8dit.attention, q, k, v, backend="fp8",

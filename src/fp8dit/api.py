@@ -12,7 +12,7 @@ import operator
 import torch
 
 from . import dispatch, env
-from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
+from .attend import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import RECIPES, Recipe, get_recipe
 from .rope import check_rotary, fused_rotary, rope_tables, rotate_first
 from .sdpa import sdpa_attention, sdpa_attention_varlen

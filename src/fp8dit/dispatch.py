@@ -109,15 +109,15 @@ FP8_MIN_TOKENS_TRITON_KERNEL = {64: 17000, 128: 8192}
 
 
 def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
-    """Whether ``launch.kernel_for`` will pick the warp-specialized kernel for a dense call:
+    """Whether ``attend.kernel_for`` will pick the warp-specialized kernel for a dense call:
     its conditions that the call's tensors decide (non-causal, Hopper, a Triton release it was
     verified on, the kernel not forced to another), without its shape and recipe tests."""
-    from . import launch
+    from . import attend
 
     if is_causal or env.attention_kernel() not in ("auto", "gluon-ws"):
         return False
     return (_capability(q.device.index or 0) == (9, 0)
-            and launch.triton_release() in launch.WS_VERIFIED_TRITON)
+            and attend.triton_release() in attend.WS_VERIFIED_TRITON)
 
 
 def effective_tokens(q_lens, k_lens) -> float:

@@ -59,7 +59,7 @@ KERNELS = ("auto", "triton", "gluon", "gluon-ws")
 
 def attention_kernel() -> str:
     """``FP8DIT_KERNEL``: ``auto`` (default: the kernel measured fastest for the call's shape,
-    see ``launch.kernel_for``) or one kernel for every call."""
+    see ``attend.kernel_for``) or one kernel for every call."""
     value = os.environ.get("FP8DIT_KERNEL", "auto").strip().lower() or "auto"
     if value not in KERNELS:
         raise ValueError(f"FP8DIT_KERNEL: expected one of {', '.join(KERNELS)}, got {value!r}")

@@ -39,12 +39,12 @@ import torch
 import triton
 
 from . import env
+from .attend import fp8_attention_fwd, plan_for
 from .dispatch import _log_once
 from .kernels.mask_stats import (
     mask_row_counts_col_any_kernel,
     mask_row_counts_col_any_words_kernel,
 )
-from .launch import fp8_attention_fwd, plan_for
 from .recipes import Recipe
 from .rope import rotate_first
 from .sdpa import sdpa_attention

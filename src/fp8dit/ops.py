@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .attend import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .key_padding import key_padding_attention
-from .launch import fp8_attention_fwd, fp8_attention_varlen_fwd
 from .recipes import get_recipe
 
 

@@ -7,7 +7,7 @@
 - ``work`` / ``work_indptr``: each program's list of work items (sequence, head, query tile,
   kv block range, partial slot), CSR by program (columns named in ``kernels.attention``);
 - ``reduce``: for every item split over the kv axis, which consecutive partial slots merge into
-  which output rows (columns named in ``kernels.reduce``).
+  which output rows (columns named in ``kernels.merge``).
 
 Whole items go out round-robin, least-loaded first, in (sequence, head, tile) order, so at any
 moment the programs work on neighbouring tiles of the same heads and share K/V in L2. Only the
@@ -32,8 +32,8 @@ import torch
 
 from . import env
 from .kernels.attention import W_FIELDS
+from .kernels.merge import R_FIELDS
 from .kernels.quantize import SEQ_FIELDS
-from .kernels.reduce import R_FIELDS
 
 # Padded head dims the kernels are compiled for; any D up to 256 is zero-padded to the next one.
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -52,7 +52,7 @@ MIN_PIECE_BLOCKS = 1
 def stats_chunk(max_k_len: int, n_seq_heads: int, block_n: int = 1) -> int:
     """Tokens per chunk of the channel-statistics pass (see ``STATS_CHUNKS``). With kv blocks
     of 256 keys (``block_n``), whole blocks per chunk, so that pass can take each block's K
-    channel max and min where ``quant.KV_QUANT_ROWS`` asks for them."""
+    channel max and min where ``quantize.KV_QUANT_ROWS`` asks for them."""
     chunks = [c for c in STATS_CHUNKS if block_n <= 128 or c % block_n == 0] or [block_n]
     for chunk in chunks:
         if n_seq_heads * _cdiv(max_k_len, chunk) >= STATS_MIN_PROGRAMS:

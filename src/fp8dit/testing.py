@@ -327,7 +327,7 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         kh = kh - kh.mean(dim=2, keepdim=True)
     if getattr(recipe, "rotate", False):  # in the kernels' zero-padded head dim
         from .plan import padded_head_dim
-        from .quant import hadamard
+        from .quantize import hadamard
 
         dp = padded_head_dim(D)
         rot = hadamard(dp, "cpu").to(qh.device)

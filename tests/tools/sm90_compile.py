@@ -136,13 +136,13 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
 def main(path: str) -> int:
     if path == "--gluon":
         # (warp-specialized, kv block): the one-warpgroup kernel, the ws kernel's 128-key
-        # loop, and its 256-key steps, non-causal only as launch.WS_TILES/WS_CAUSAL_TILES
+        # loop, and its 256-key steps, non-causal only as attend.WS_TILES/WS_CAUSAL_TILES
         # run them (ring depth as WS_TILES gives it)
-        from fp8dit import launch
+        from fp8dit import attend
 
         for ws, block_n in ((False, 128), (True, 128), (True, 256)):
             for dp in (64, 128):
-                tiles = launch.WS_TILES[dp] if block_n == 256 else {}
+                tiles = attend.WS_TILES[dp] if block_n == 256 else {}
                 stages = tiles.get("sm90_stages", 2) if block_n == 256 else 3
                 extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
                 if extra and tiles.get("sm90_rowsum_dot"):

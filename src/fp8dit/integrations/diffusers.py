@@ -50,8 +50,8 @@ import torch.nn.functional as F
 
 from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
+from ..attend import kernel_for
 from ..key_padding import key_padding_attention, key_padding_reason
-from ..launch import kernel_for
 from ..rope import check_rotary, fused_rotary, rope_tables, rotate_first
 
 BACKEND_NAME = "fp8dit"
@@ -574,12 +574,12 @@ def enable(pipe_or_model, policy=None):
         call (:func:`route_through_dispatcher`).
     policy : object, optional
         Per-layer choice, asked once per attention layer here (per-step switching: see
-        :class:`fp8dit.guard.QualityPolicy`):
+        :class:`fp8dit.integrations.guard.QualityPolicy`):
         ``policy.backend_for(layer_name) -> str`` returns a diffusers backend name for the layer
         (``"fp8dit"``, ``"native"``, ...); ``layer_name`` is the module path, prefixed with the
         pipeline attribute for a pipeline (``"transformer.blocks.0.attn1"``). ``None``: all layers
         use fp8dit. A ``policy.recipe`` that is not ``None`` goes to :func:`set_recipe`.
-        :class:`fp8dit.guard.QualityPolicy` is such a policy, with per-step switching.
+        :class:`fp8dit.integrations.guard.QualityPolicy` is such a policy, with per-step switching.
 
     Returns
     -------

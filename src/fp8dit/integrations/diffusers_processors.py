@@ -88,7 +88,8 @@ ROTARY_BACKENDS = frozenset({"fp8dit"})
 def _takes_tables(processor) -> bool:
     """Whether the layer's next call goes to fp8dit's own backend function (no context
     parallelism), which can take the rotary tables, and the processor's ``fuse_rotary`` is
-    on. One wrapped (fp8dit.capture's, a user's hook) gets the dispatcher's call with the
+    on. One wrapped (fp8dit.integrations.capture's, a user's hook)
+    gets the dispatcher's call with the
     rotated q and k it expects."""
     if not processor.fuse_rotary or not _layer_backend_in(processor, ROTARY_BACKENDS):
         return False

@@ -22,7 +22,7 @@ P needs no register shuffle into the A-operand layout: the quantizer stores V wi
 permuted inside each group of 16 (``kv_perm16``), so the accumulator registers of S already hold
 P in the order the PV dot's A operand reads them (``convert_layout(..., assert_trivial=True)``).
 
-Gluon's API is experimental and moves between Triton releases; :mod:`fp8dit.launch` uses this
+Gluon's API is experimental and moves between Triton releases; :mod:`fp8dit.attend` uses this
 kernel only when asked (``FP8DIT_KERNEL=gluon``, ``use_gluon_sm90``) and keeps the Triton kernel
 everywhere else (the CPU interpreter cannot run Gluon).
 """

@@ -10,7 +10,7 @@ benchmarks/NOTES.md session 4), so it is off by default. Inside a warpgroup the 
 block j runs under the PV dot of block j-1 (see :mod:`fp8dit.kernels.attention_sm90` for that
 loop, reused here).
 
-With ``BLOCK_N`` = 256 (the default for long calls, ``launch.WS_TILES``) a loop step covers 256
+With ``BLOCK_N`` = 256 (the default for long calls, ``attend.WS_TILES``) a loop step covers 256
 keys as two dots of 128 over two 128-key K and V^T tiles per ring slot, and both PV dots are
 waited for inside the step (``_consumer_step_wide``): per key, half the max reductions,
 rescales, folds, barriers and ring bookkeeping of the 128-key loop, at the cost of the
@@ -23,7 +23,7 @@ slower at D=64 (session 8). With ``ROWSUM_DOT`` (the default at both head dims, 
 registers) P's row sums come from two N=8 dots of those registers with a tile of ones instead
 of 128 FADDs and a row reduction per thread and step: +7% at D=128, +11% at D=64 (session 11).
 
-With ``SPLIT_KV`` (256-key steps; the default at D=64 only, ``launch.WS_TILES``) a slot's K
+With ``SPLIT_KV`` (256-key steps; the default at D=64 only, ``attend.WS_TILES``) a slot's K
 and V have barriers of their own: the QK dots wait for K alone, and V is waited for after the
 row max, before the exponentials. Where that wait sits matters: placed after the exponentials,
 ptxas issued no PV dot under them and the step lost (session 22's forms 1 and 2, commit

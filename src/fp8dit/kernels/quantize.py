@@ -47,7 +47,7 @@ SEQ_Q_PAD = 4  # first row of the sequence in the padded internal q buffer
 SEQ_K_PAD = 5
 SEQ_K_BLK = 6  # first kv block of the sequence (index into the per-block K scales)
 # the plan's key length: SEQ_K_LEN's unless a call's copy of the table holds shorter lengths
-# that only the device knows (launch.launch_fp8_attention(device_k_lens)); the blocks between
+# that only the device knows (attend.launch_fp8_attention(device_k_lens)); the blocks between
 # the two are quantized as zeros
 SEQ_K_PLAN = 7
 SEQ_FIELDS = 8
@@ -147,7 +147,7 @@ def _block_and_head(HEADS_FIRST: tl.constexpr, REVERSE: tl.constexpr = False):
 
     ``REVERSE``: the grid walked backwards (last sequence, head and block first), so a pass
     launched after one that walked it forwards starts on the tokens that one read last, which
-    may still be in L2 (``quant.KV_QUANT_REVERSE``). Only the order changes."""
+    may still be in L2 (``quantize.KV_QUANT_REVERSE``). Only the order changes."""
     if HEADS_FIRST:
         blk = tl.program_id(1)
         h = tl.program_id(0)
@@ -513,7 +513,7 @@ def quantize_kv_kernel(
     from the block's channel max and min that ``kv_channel_stats_kernel(KBLK)`` stored in
     ``kblk`` (bitwise the amax a program spanning the block would take, and its non-finite
     flag): 128-row programs, which spill far less than 256-row ones at D=128 (the Wan 720p
-    quantization 3.2 ms against 3.7, run s8-2; ``quant.KV_QUANT_ROWS`` says where it runs).
+    quantization 3.2 ms against 3.7, run s8-2; ``quantize.KV_QUANT_ROWS`` says where it runs).
 
     ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
     column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
