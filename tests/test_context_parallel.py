@@ -169,7 +169,10 @@ def _run_rank(rank):
 
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)  # 2 ranks on 2 cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # "cpu:gloo", not "gloo": CPU tensors over gloo whatever torch.accelerator says (a CUDA build
+    # of torch on a machine without a GPU names cuda, and diffusers gathers sizes there unless the
+    # backend string names the CPU).
+    dist.init_process_group("cpu:gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
     try:
         results = _run_rank(rank)

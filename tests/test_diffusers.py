@@ -274,6 +274,33 @@ def test_env_var_selects_fp8dit():
     assert res.stdout.split() == ["fp8dit", "fp8"], res.stdout
 
 
+def test_import_registers_the_backend_for_set_attention_backend():
+    """As the README says: the import alone registers "fp8dit" (fresh process, nothing else of
+    fp8dit imported or called), then a model's ``set_attention_backend`` takes it."""
+    code = (
+        "import torch, diffusers\n"
+        "import fp8dit.integrations.diffusers as fd\n"
+        "torch.manual_seed(0)\n"
+        "model = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, "
+        "attention_head_dim=64, in_channels=4, out_channels=4, text_dim=32, freq_dim=32, "
+        "ffn_dim=64, num_layers=1, rope_max_seq_len=32).to(torch.bfloat16).eval()\n"
+        "model.set_attention_backend('fp8dit')\n"
+        "x = dict(hidden_states=torch.randn(1, 4, 1, 8, 8).bfloat16(), "
+        "timestep=torch.tensor([500.0]), encoder_hidden_states=torch.randn(1, 8, 32).bfloat16())\n"
+        "with torch.no_grad(), fd.record_calls() as calls:\n"
+        "    model(**x)\n"
+        "print(sorted({c['backend'] for c in calls}), len(calls))\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("DIFFUSERS_ATTN_BACKEND", None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    backends, n_calls = res.stdout.split("]")[0] + "]", int(res.stdout.split("]")[1])
+    assert n_calls == 2, res.stdout  # one block: self- and cross-attention, both through fp8dit
+    assert backends in ("['fp8']", "['fp8', 'sdpa']"), res.stdout
+
+
 def test_no_graph_break_under_dynamo():
     q, k, v = _qkv(1, 96, 40, 2, 64, seed=7)
 

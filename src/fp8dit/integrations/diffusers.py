@@ -1,6 +1,7 @@
 """diffusers adapter: an attention backend named ``"fp8dit"`` in diffusers' dispatcher.
 
-After :func:`register` (``enable`` calls it) each of diffusers' ways to pick a backend works::
+Importing this module registers the backend (:func:`register`, idempotent; ``enable`` calls it
+too), after which each of diffusers' ways to pick a backend works::
 
     fp8dit.enable(pipe)                              # pipe.transformer (+ transformer_2, Wan2.2)
     pipe.transformer.set_attention_backend("fp8dit")
@@ -42,7 +43,6 @@ import contextlib
 import enum
 import inspect
 import logging
-import os
 import sys
 
 import torch
@@ -672,7 +672,7 @@ def layer_backends(pipe_or_model) -> dict[str, str]:
     return out
 
 
-# DIFFUSERS_ATTN_BACKEND is diffusers' variable (fp8dit.env owns only FP8DIT_*): registering at
-# import is what lets it name "fp8dit" (see the module docstring).
-if os.environ.get("DIFFUSERS_ATTN_BACKEND") == BACKEND_NAME:
-    register()
+# Registered at import, so that ``import fp8dit.integrations.diffusers`` is all
+# ``set_attention_backend("fp8dit")`` and ``DIFFUSERS_ATTN_BACKEND=fp8dit`` (diffusers' variable,
+# read when its dispatcher is first imported: see the module docstring) need.
+register()
