@@ -49,22 +49,24 @@ MODEL_LABELS = {
 }
 PRESET_ORDER = tuple(MODEL_LABELS)
 
-# Whole-model forwards through diffusers (benchmarks/bench_*_forward.py), one table row each:
-# (results file suffix, commit, row filter, peer backend, how the docs name the peer).
+# Whole-model forwards through diffusers (the forward benchmarks), one table row each:
+# (model, commit, row filter, peer backend, how the docs name the peer). The newest measurement
+# of each model and peer, and the only ones in a CUDA graph.
 FORWARD_ROWS = (
-    ("wan", "70961f5", {}, "sdpa-cudnn", "SDPA cuDNN"),
-    ("wan", "1a954da", {}, "sdpa-cudnn", "SDPA cuDNN"),
-    ("hunyuan", "996cae4", {}, "sdpa-cudnn-kept", "cuDNN over the kept keys"),
-    ("hunyuan", "92d8737+", {}, "sdpa-auto", "`native` (SDPA with the mask)"),
-    ("hunyuan", "e4f7940", {}, "sdpa-auto", "`native` (SDPA with the mask)"),
-    ("hunyuan15", "996cae4", {}, "sdpa-auto-keymask", "`native` given the key mask"),
-    ("hunyuan15", "794dcf9", {}, "sdpa-auto", "`native` (its [B, 1, S, S] mask)"),
-    ("hunyuan15", "e191e91", {"resolution": "720p"}, "sdpa-auto",
+    ("Wan2.2-A14B", "70961f5", {}, "sdpa-cudnn", "SDPA cuDNN"),
+    ("Wan2.2-A14B", "1a954da", {}, "sdpa-cudnn", "SDPA cuDNN"),
+    ("HunyuanVideo", "996cae4", {}, "sdpa-cudnn-kept", "cuDNN over the kept keys"),
+    ("HunyuanVideo", "92d8737+", {}, "sdpa-auto", "`native` (SDPA with the mask)"),
+    ("HunyuanVideo", "e4f7940", {}, "sdpa-auto", "`native` (SDPA with the mask)"),
+    ("HunyuanVideo-1.5", "996cae4", {}, "sdpa-auto-keymask", "`native` given the key mask"),
+    ("HunyuanVideo-1.5", "794dcf9", {}, "sdpa-auto", "`native` (its [B, 1, S, S] mask)"),
+    ("HunyuanVideo-1.5", "e191e91", {"resolution": "720p"}, "sdpa-auto",
      "`native` (its [B, 1, S, S] mask)"),
-    ("cogvideox", "dcb41e9", {}, "sdpa-auto", "SDPA (diffusers' processor)"),
-    ("cogvideox", "1493020", {}, "sdpa-auto", "SDPA (diffusers' processor)"),
-    ("flux", "1cdf831", {"size": 1024, "fp8dit_backend": "auto"}, "sdpa-cudnn", "SDPA cuDNN"),
-    ("flux", "1cdf831", {"size": 2048}, "sdpa-cudnn", "SDPA cuDNN"),
+    ("CogVideoX-5B", "dcb41e9", {}, "sdpa-auto", "SDPA (diffusers' processor)"),
+    ("CogVideoX-5B", "1493020", {}, "sdpa-auto", "SDPA (diffusers' processor)"),
+    ("FLUX.1-dev", "1cdf831", {"size": 1024, "fp8dit_backend": "auto"}, "sdpa-cudnn",
+     "SDPA cuDNN"),
+    ("FLUX.1-dev", "1cdf831", {"size": 2048}, "sdpa-cudnn", "SDPA cuDNN"),
 )
 MODES = (("eager", "eager"), ("compile", "torch.compile"), ("cuda-graph", "CUDA graph"))
 
@@ -86,22 +88,22 @@ class ReportError(ValueError):
 
 
 def load_results(root: Path) -> dict[str, list[dict]]:
-    """``{"attention": rows of nvidia-h200.json, "wan": rows of nvidia-h200-wan-forward.json,
-    ...}`` from ``root/benchmarks/results``."""
+    """``{"attention": the rows of nvidia-h200.json (`fp8dit bench`), "forward": the rows of every
+    nvidia-h200*forward*.json (the whole-model benchmarks)}`` from ``root/benchmarks/results``."""
     folder = Path(root) / "benchmarks" / "results"
-    out = {}
+    out: dict[str, list[dict]] = {"attention": [], "forward": []}
     for path in sorted(folder.glob("nvidia-h200*.json")):
-        stem = path.stem.removeprefix("nvidia-h200")
-        name = stem.removeprefix("-").removesuffix("-forward") or "attention"
+        if path.name != "nvidia-h200.json" and "forward" not in path.stem:
+            continue
         try:
             rows = json.loads(path.read_text())
         except ValueError as e:
             raise ReportError(f"{path}: not a readable JSON results file ({e})") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ReportError(f"{path}: expected a JSON list of row objects")
-        out[name] = rows
-    if "attention" not in out:
-        raise ReportError(f"{folder}: no nvidia-h200.json (the `fp8dit bench` rows)")
+        out["attention" if path.name == "nvidia-h200.json" else "forward"].extend(rows)
+    if not out["attention"]:
+        raise ReportError(f"{folder}: no rows in nvidia-h200.json (the `fp8dit bench` rows)")
     return out
 
 
@@ -368,12 +370,12 @@ def _forward_model(r: dict) -> str:
 
 def forward(results) -> str:
     body = []
-    for name, commit, where, peer, peer_name in FORWARD_ROWS:
-        rows = [r for r in results.get(name, ()) if r.get("commit") == commit
-                and all(r.get(k) == v for k, v in where.items())]
+    for model, commit, where, peer, peer_name in FORWARD_ROWS:
+        rows = [r for r in results["forward"] if r.get("model") == model
+                and r.get("commit") == commit and all(r.get(k) == v for k, v in where.items())]
         if not rows:
-            raise ReportError(f"FORWARD_ROWS: no row of commit {commit} {where} in "
-                              f"nvidia-h200-{name}-forward.json")
+            raise ReportError(f"FORWARD_ROWS: no {model} row of commit {commit} {where} in "
+                              "the forward results")
         by = {(r["mode"], r["backend"]): r for r in sorted(rows, key=lambda r: r["date"])}
         cells = []
         for mode, _ in MODES:
@@ -385,7 +387,7 @@ def forward(results) -> str:
             cells.append(f"{ms(a['ms_median'])} / {ms(b['ms_median'])}, "
                          f"**{ratio(a['ms_median'] / b['ms_median'])}**")
         if not any(cells):
-            raise ReportError(f"FORWARD_ROWS: commit {commit} of {name} has no {peer} and "
+            raise ReportError(f"FORWARD_ROWS: commit {commit} of {model} has no {peer} and "
                               "fp8dit rows of one mode")
         first = min(rows, key=lambda r: r["date"])
         body.append([_forward_model(first), peer_name, *cells,
