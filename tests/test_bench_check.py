@@ -2,7 +2,7 @@
 
 # TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported. Setting it here,
 # at collection, leaked into every later test on a GPU machine: the dispatcher then sent CPU
-# tensors to compiled kernels (found by the first run of the whole suite on the H200, s16-2).
+# tensors to compiled kernels (found by the first run of the whole suite on the H200).
 
 import argparse
 import json
@@ -395,8 +395,8 @@ def test_cli_wires_bench_and_check(capsys):
 
 def test_committed_results_files_are_readable():
     """Every committed results file loads as one JSON list of rows with the fields the README's
-    tables come from: session 12's merge had left rows after the closing bracket, which made
-    the next `fp8dit bench --out-json` on that file refuse to save (run s13-3)."""
+    tables come from: a merge once left rows after the closing bracket, which made the next
+    `fp8dit bench --out-json` on that file refuse to save."""
     files = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*.json"))
     assert files
     for path in files:
@@ -407,7 +407,7 @@ def test_committed_results_files_are_readable():
 
 def test_gpu_clocks_sampler_reads_nvidia_smi(tmp_path, monkeypatch):
     """`fp8dit bench` records each backend's SM clock, power and power-cap share from
-    `nvidia-smi -lms` (the H200 runs these kernels at its power cap, NOTES session 13): the
+    `nvidia-smi -lms` (the H200 runs these kernels at its power cap, docs/performance.md): the
     device is named by UUID, fields the GPU does not report ("[N/A]") are left out, not taken
     as zero, and a window without samples gives nothing."""
     import time

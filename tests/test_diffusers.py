@@ -321,7 +321,7 @@ def test_no_graph_break_under_dynamo():
 def test_compiled_tiny_wan_whose_calls_fall_back_has_no_graph_break(tiny_wan, monkeypatch):
     # On a GPU auto sends short calls (Wan's cross-attention to 512 text keys) to SDPA and warns
     # once; a model compiled before any eager call traced that warning and broke its graph at
-    # every such layer (found on the H200, s16-2). Here the preference is made to decline FP8
+    # every such layer (found on the H200). Here the preference is made to decline FP8
     # for every call, as a GPU does for these tiny rows, with nothing logged yet.
     from fp8dit import dispatch
 

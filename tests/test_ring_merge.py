@@ -1,8 +1,8 @@
 """LSE as ring attention uses it: partial outputs over kv chunks merged by their LSE.
 
-The accuracy issue asks for the default recipe's LSE within 0.01 of fp64 "because ring attention
-weights partial results by it". On the DiT-like family the LSE is off by ~0.5 (the int8 Q/K
-rounding of the large peak scores, benchmarks/NOTES.md), and differently in each part (up to
+An LSE within 0.01 of fp64 looks necessary because ring attention weights partial results by
+it. On the DiT-like family the default recipe's LSE is off by ~0.5 (the int8 Q/K rounding of
+the large peak scores, docs/accuracy.md), and differently in each part (up to
 ~0.9 apart within a row), yet a merge of four partial calls is as accurate as one call: the
 error is large only in rows with large, peaked scores, where one part holds nearly all the
 weight whatever the others' LSE. These tests pin that down, and show the merge check does catch
@@ -68,7 +68,7 @@ def test_fp8_merged_from_chunks_is_as_accurate_as_one_call(family):
     merged = error_stats(ring_merge(run, q, k, v, chunks=CHUNKS), ref).rel_l1
     assert merged <= single * 1.15 + 1e-3, (family, merged, single)
     if family != "normal":
-        # the absolute LSE error that the issue's 0.01 target measures is far larger
+        # the absolute LSE error (an 0.01 bound on it) is far larger
         assert (lse.double() - ref_lse).abs().max().item() > 0.05
 
     # A part-dependent LSE error on every row (what the merge check exists to catch) shows up.

@@ -48,7 +48,7 @@ def test_fused_rotation_is_bitwise_rotate_then_attend(device, table_dtype, S, H,
     _equal(got[0], want[0])
     if torch.cuda.is_available():
         # q . mean(K), added to the LSE, sums in another order on the GPU: the rotated tile's
-        # register layout differs (run s19-3)
+        # register layout differs (seen on the H200)
         torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
     else:
         _equal(got[1], want[1])

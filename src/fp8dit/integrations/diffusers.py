@@ -16,7 +16,7 @@ Per call the backend runs :func:`fp8dit.attention` (``layout="NHD"``, ``backend=
 kernels where they can run, torch SDPA otherwise, with the reason logged once by fp8dit's
 dispatcher. Cross-attention to short keys (Wan: 512 text tokens) runs SDPA: its effective length
 (``dispatch.effective_tokens``, ~1,000) is under the FP8 floor, and on the H200 at Wan 720p
-(75,600 queries x 512 keys x 40 heads, run s13-1) FP8 took 2.46 ms (kernel 1.65, quantizing Q
+(75,600 queries x 512 keys x 40 heads, 2026-12-03) FP8 took 2.46 ms (kernel 1.65, quantizing Q
 0.50) against cuDNN's 1.56. ``backend="fp8"`` still runs it FP8: the kernels take any key
 length (off CUDA there is no floor, and the tiny-Wan test runs those layers FP8). A boolean
 key-padding ``attn_mask`` that keeps a prefix of keys (HunyuanVideo's ``[B, 1, 1, S]`` mask,

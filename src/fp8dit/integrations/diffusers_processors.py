@@ -18,8 +18,8 @@ those layers.
 :class:`HunyuanVideo15KeyMaskProcessor` replaces a processor that does dispatch, for speed:
 diffusers' HunyuanVideo 1.5 processor builds a ``[B, 1, S, S]`` mask, (kept query) & (kept key),
 in every attention call (a ``repeat`` and an ``&`` with its transpose: 22 ms per call on the
-H200 at 480p, as long as fp8dit's attention itself, run s18-1), which fp8dit then reads back
-(1.1 ms, run s18-4) to find the kept keys. Given fp8dit, it hands over the ``[B, 1, 1, S]``
+H200 at 480p, 2026-12-04, as long as fp8dit's attention itself), which fp8dit then reads back
+(1.1 ms) to find the kept keys. Given fp8dit, it hands over the ``[B, 1, 1, S]``
 key mask and builds nothing of size S^2. The kept tokens' outputs are the same bits (fp8dit runs the
 same kernel over the same kept keys either way); only the dropped text tokens' own rows differ
 (zeros under the S^2 mask, attention over the kept keys here), and nothing reads those: they
@@ -27,7 +27,7 @@ are masked as keys in every layer and dropped with the text at the model's end. 
 backend it builds diffusers' mask and computes bitwise what diffusers' processor computes.
 
 :class:`WanRotaryProcessor` replaces Wan's processor, for speed too: diffusers' rotates q and k
-with eager element-wise ops (12.6 ms per layer at Wan2.2 720p on an H200, run s18-5) before
+with eager element-wise ops (12.6 ms per layer at Wan2.2 720p on an H200, 2026-12-04) before
 handing them over; given fp8dit, it hands over the rotary tables instead, and fp8dit rotates
 the rows as its quantization loads them (``fp8dit.attention(rotary=...)``), in diffusers'
 arithmetic: the quantized Q, K and V are the same bits, and so is the layer's output (on the
