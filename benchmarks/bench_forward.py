@@ -569,16 +569,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         else "--model NAME --help: that model and its own options",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, choices=MODELS, help="the transformer")
+    def default(value) -> str:
+        return f"default {value}" if model else "default: --model's"
+
     p.add_argument("--repeats", type=int, default=m.repeats,
-                   help=f"timed forwards per row (default {m.repeats})")
+                   help=f"timed forwards per row ({default(m.repeats)})")
     p.add_argument("--warmup", type=int, default=m.warmup,
-                   help=f"untimed forwards before timing (default {m.warmup})")
+                   help=f"untimed forwards before timing ({default(m.warmup)})")
     auto = "; auto: torch's own choice" if "auto" in m.sdpa_allowed else ""
     p.add_argument("--sdpa", default=m.sdpa_default,
                    help="baselines, comma-separated, among " + ", ".join(m.sdpa_allowed)
                         + f" (diffusers' native backend with that SDPA kernel forced{auto}"
                         f"{m.sdpa_help}); the first is the reference and the speed-up's "
-                        f"denominator (default {m.sdpa_default})")
+                        f"denominator ({default(m.sdpa_default)})")
     p.add_argument("--compile", action="store_true", help="also torch.compile every model")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also capture and replay" + m.cuda_graph_help)
@@ -588,7 +591,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="JSON file (default benchmarks/results/<gpu>-forward.json)")
-    m.add_arguments(p)
+    if model is not None:
+        model.add_arguments(p)
     args = p.parse_args(argv)
     _at_least(p, args, repeats=1, warmup=0)
     model.check(p, args)
