@@ -1,10 +1,10 @@
 #!/bin/bash
 # The test suite on the GPU machine, one file at a time, each under its own time limit, with a
-# total at the end. Why (session 23): on a freshly started machine the Triton cache is empty and
-# the suite compiles every kernel variant it touches; the whole suite in one pytest then took
-# over 260 s and a single time limit lost every result (run s23-1), while the same files took
-# ~180 s on a warm machine (s22-7). Per file, a slow file costs only itself, and a second call
-# on the still-warm machine can finish it (FILES= the ones left).
+# total at the end. Why: on a freshly started machine the Triton cache is empty and the suite
+# compiles every kernel variant it touches; the whole suite in one pytest then took over 260 s,
+# and one time limit over all of it lost every result, while the same files took ~180 s on a
+# machine whose cache was warm (H200, 2026-12-04). Per file, a slow file costs only itself, and
+# a second call on the still-warm machine can finish the rest (FILES= the ones left).
 # Usage: bash benchmarks/gpu_suite.sh OUTDIR [pytest args]
 #   LIMIT (seconds per file, default 170); FILES (default: every tests/test_*.py but the
 #   CPU-side sm_90 compile checks, which need triton's sm_90 compiler only and run in CI).

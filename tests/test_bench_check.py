@@ -394,15 +394,43 @@ def test_cli_wires_bench_and_check(capsys):
 
 
 def test_committed_results_files_are_readable():
-    """Every committed results file loads as one JSON list of rows with the fields the README's
-    tables come from: a merge once left rows after the closing bracket, which made the next
-    `fp8dit bench --out-json` on that file refuse to save."""
+    """Every committed results file loads as one JSON list of rows (a merge that leaves rows
+    after the closing bracket makes the next `fp8dit bench --out-json` on that file refuse to
+    save), and every row names its GPU, driver, versions, commit and date (None where a run
+    did not record one), as new rows do."""
     files = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*.json"))
     assert files
     for path in files:
         rows = bench.load_results(path)
         assert rows and all(isinstance(r, dict) for r in rows), path
-        assert all("date" in r and "gpu" in r for r in rows), path
+        assert all(set(bench.METADATA_FIELDS) <= set(r) for r in rows), path
+        assert all(r["gpu"] and r["date"] and r["torch"] and r["triton"] for r in rows), path
+        keys = [bench._row_key(r) for r in rows]
+        assert len(set(keys)) == len(keys), f"{path}: two rows that a save would merge"
+    assert set(bench.run_metadata(torch.device("cpu"))) == set(bench.METADATA_FIELDS)
+
+
+def test_driver_version_from_nvidia_smi_or_proc(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 570.124.06\necho 570.124.06\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert bench.driver_version(torch.device("cuda")) == "570.124.06"
+    assert bench.driver_version(torch.device("cpu")) is None
+    assert bench.run_metadata(torch.device("cpu"))["driver"] is None
+    assert bench.driver_from_proc(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  "
+        "(dvs-builder@U16)  Tue Mar  4 2025\nGCC version:  gcc 12\n") == "570.124.06"
+    assert bench.driver_from_proc(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\n") \
+        == "550.54.15"
+    assert bench.driver_from_proc("no driver here") is None
+
+
+def test_results_of_two_models_in_one_second_are_both_kept(tmp_path):
+    path = tmp_path / "forward.json"
+    rows = [dict(date="d", gpu="g", model=m, mode="eager", backend="fp8dit") for m in "ab"]
+    assert bench.save_results(path, rows) == 2
 
 
 def test_gpu_clocks_sampler_reads_nvidia_smi(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""``fp8dit demo`` (in process and from a fresh process) and the Wan forward benchmark's exit."""
+"""``fp8dit demo`` (in process and from a fresh process) and the model forward benchmark's
+arguments and exit without a GPU (``benchmarks/bench_forward.py``)."""
 
 # TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
 
@@ -133,12 +134,106 @@ def test_demo_fresh_process_sets_interpreter(tmp_path):
     assert png.exists()
 
 
+FORWARD_MODELS = ("wan", "hunyuanvideo", "hunyuanvideo15", "cogvideox", "flux")
+
+
+@pytest.fixture
+def bench_forward(monkeypatch):
+    """benchmarks/bench_forward.py as a module (its arguments are parsed without a GPU)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "bench_forward", raising=False)
+    import bench_forward
+
+    return bench_forward
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message on a machine without CUDA")
-@pytest.mark.parametrize("script", ["bench_wan_forward", "bench_hunyuan_forward",
-                                    "bench_cogvideox_forward", "bench_flux_forward",
-                                    "bench_hunyuan15_forward"])
-def test_forward_benchmarks_exit_without_cuda(script):
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py")],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode != 0
-    assert res.stdout.strip() == f"{script}: needs a CUDA GPU; torch sees none (nothing measured)"
+@pytest.mark.parametrize("model", FORWARD_MODELS)
+def test_forward_benchmarks_exit_without_cuda(model):
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_forward.py"),
+                          "--model", model], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stdout.strip() == \
+        "bench_forward: needs a CUDA GPU; torch sees none (nothing measured)"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    ([], "the following arguments are required: --model"),
+    (["--model", "flux", "--layers", "2"], "unrecognized arguments: --layers 2"),
+    (["--model", "wan", "--resolution", "540p"], "argument --resolution: invalid choice: '540p'"),
+    (["--model", "wan", "--sdpa", "auto"],
+     "--sdpa: expected baselines among cudnn, flash, efficient for --model wan, got auto"),
+    (["--model", "cogvideox", "--sdpa", " , "],
+     "--sdpa: expected baselines among auto, cudnn, flash, efficient for --model cogvideox, "
+     "got none"),
+    (["--model", "wan", "--repeats", "0"], "--repeats: expected an integer of at least 1, got 0"),
+    (["--model", "cogvideox", "--warmup", "-1"],
+     "--warmup: expected an integer of at least 0, got -1"),
+    (["--model", "cogvideox", "--batch", "0"], "--batch: expected an integer of at least 1, got 0"),
+    (["--model", "hunyuanvideo", "--kept", "300"], "--kept: expected 1..--text (256), got 300"),
+    (["--model", "hunyuanvideo15", "--kept-2", "257"],
+     "--kept: expected 1..1000, --kept-2 0..256, got 120 and 257"),
+    (["--model", "flux", "--dual", "0", "--single", "0"],
+     "--dual, --single: expected at least one block in all, got 0 and 0"),
+    (["--model", "flux", "--single", "-1"], "--single: expected an integer of at least 0, got -1"),
+])
+def test_forward_benchmark_argument_errors(bench_forward, capsys, argv, fragment):
+    with pytest.raises(SystemExit) as exc:
+        bench_forward.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"bench_forward.py: error: {fragment}" in err, err
+
+
+def test_forward_benchmark_bad_model_names_the_choices(bench_forward, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_forward.parse_args(["--model", "sd3", "--layers", "2"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "bench_forward.py: error: argument --model: invalid choice: 'sd3'" in err, err
+    choices = err.split("choose from", 1)[1]
+    assert all(re.search(rf"\b{m}\b", choices) for m in FORWARD_MODELS), err
+
+
+def test_forward_benchmark_flux_names_a_bad_fp8dit_backend(bench_forward, capsys, monkeypatch):
+    monkeypatch.setenv("FP8DIT_BACKEND", "cudnn")
+    with pytest.raises(SystemExit):
+        bench_forward.parse_args(["--model", "flux"])
+    assert "FP8DIT_BACKEND: expected one of auto, fp8, sdpa, got 'cudnn'" in \
+        capsys.readouterr().err
+
+
+def test_forward_benchmark_arguments_per_model(bench_forward, monkeypatch):
+    monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
+    parse = bench_forward.parse_args
+    assert {m: parse(["--model", m]).sdpa for m in FORWARD_MODELS} == {
+        "wan": ["cudnn"], "hunyuanvideo": ["auto", "cudnn", "cudnn-kept"],
+        "hunyuanvideo15": ["auto"], "cogvideox": ["auto", "cudnn"], "flux": ["cudnn", "flash"]}
+    flux = parse(["--model", "flux", "--size", "2048", "--dual", "0"])
+    assert (flux.repeats, flux.warmup, flux.single) == (10, 3, 2)
+    assert bench_forward.MODELS["flux"].fields(flux) == dict(
+        model="FLUX.1-dev", dual_layers=0, single_layers=2, size=2048, batch=1,
+        tokens=128 * 128 + 512, heads=24, head_dim=128, fp8dit_backend="fp8")
+    cog = parse(["--model", "cogvideox", "--rotate-first", "--sdpa", "cudnn, auto,cudnn"])
+    assert cog.sdpa == ["cudnn", "auto"] and (cog.repeats, cog.warmup) == (5, 2)
+    assert bench_forward.MODELS["cogvideox"].variants(cog) == [bench_forward.ROTATE_FIRST]
+    wan = parse(["--model", "wan", "--diffusers-rope", "--resolution", "480p"])
+    assert bench_forward.MODELS["wan"].variants(wan) == ["fp8dit-diffusers-rope"]
+    assert bench_forward.MODELS["wan"].fields(wan)["tokens"] == 21 * 30 * 52
+
+
+def test_forward_benchmark_rows_match_the_committed_ones(bench_forward, monkeypatch):
+    """Each model's row fields are those of its committed rows, and where a committed row ran
+    a model's default configuration, the token counts agree."""
+    from fp8dit.tools import bench
+
+    monkeypatch.delenv("FP8DIT_BACKEND", raising=False)
+    rows = bench.load_results(ROOT / "benchmarks" / "results" / "nvidia-h200-forward.json")
+    for name in FORWARD_MODELS:
+        fields = bench_forward.MODELS[name].fields(bench_forward.parse_args(["--model", name]))
+        mine = [r for r in rows if r["model"] == fields["model"]]
+        assert mine and all(set(fields) <= set(r) for r in mine), name
+        config = {k: v for k, v in fields.items() if k not in ("tokens", "kept_keys")}
+        same = [r for r in mine if all(r[k] == v for k, v in config.items())]
+        assert all(r["tokens"] == fields["tokens"] and r.get("kept_keys") == fields.get(
+            "kept_keys") for r in same), name

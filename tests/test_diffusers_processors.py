@@ -201,13 +201,13 @@ def test_hunyuan_video_15_replacement_computes_bitwise_what_diffusers_does_nativ
 
 
 def test_hunyuan_video_15_forward_benchmark_key_mask_peer(monkeypatch):
-    # bench_hunyuan15_forward's "auto-keymask" baseline: native SDPA given the key mask too.
+    # bench_forward's HunyuanVideo 1.5 "auto-keymask" baseline: native SDPA given the key mask.
     from pathlib import Path
 
     import torch.nn.functional as F
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bench_hunyuan15_forward import give_sdpa_the_key_mask
+    from bench_forward import give_sdpa_the_key_mask
 
     model, inputs = tiny_hunyuan_video_15()
     ref = forward(model, inputs)
@@ -311,8 +311,8 @@ def test_forward_benchmarks_pin_backends_past_hunyuan_token_refiner(monkeypatch)
     from diffusers import HunyuanVideoTransformer3DModel
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "bench_wan_forward", raising=False)
-    from bench_wan_forward import pin_backends
+    monkeypatch.delitem(sys.modules, "bench_forward", raising=False)
+    from bench_forward import pin_backends
 
     def tiny():
         torch.manual_seed(0)
@@ -343,8 +343,8 @@ def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
     from types import SimpleNamespace
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "bench_wan_forward", raising=False)
-    import bench_wan_forward as bw
+    monkeypatch.delitem(sys.modules, "bench_forward", raising=False)
+    import bench_forward as bw
 
     seen = {}
 
@@ -353,7 +353,7 @@ def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
         return [dict(common, mode="eager", backend="fp8dit")]
 
     monkeypatch.setattr(bw, "compare_forwards", compare)
-    monkeypatch.setattr(bw, "report", lambda rows, baseline, out, suffix: (rows, out, suffix))
+    monkeypatch.setattr(bw, "report", lambda rows, out: (rows, out))
     (base, _), (fp8, inputs) = tiny_cogvideox(), tiny_cogvideox()
     models = {"sdpa-cudnn": base, "fp8dit": fp8}
     for model in models.values():
@@ -361,8 +361,7 @@ def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
     try:
         bw.pin_backends(models)
         args = SimpleNamespace(compile=True, cuda_graph=False, warmup=1, repeats=2, out=None)
-        rows, out, suffix = bw.run_and_report(models, inputs, args, "cogvideox-forward",
-                                              dict(model="tiny"))
+        rows, out = bw.run_and_report(models, inputs, args, dict(model="tiny"))
     finally:
         for model in models.values():
             fd.disable(model)
@@ -370,7 +369,10 @@ def test_forward_benchmarks_record_calls_and_pass_rows_on(monkeypatch):
     assert seen["common"]["fp8dit_calls"] == ["fp8", "fp8"] and seen["common"]["model"] == "tiny"
     assert seen["common"]["timing"] == "alternating" and seen["common"]["torch"]
     assert seen["model_bytes"] == sum(p.numel() * p.element_size() for p in fp8.parameters())
-    assert rows[0]["repeats"] == 2 and out is None and suffix == "cogvideox-forward"
+    assert rows[0]["repeats"] == 2 and out is None
+    from fp8dit.tools.bench import METADATA_FIELDS
+
+    assert set(METADATA_FIELDS) <= set(seen["common"])
 
 
 WAN_LAYERS = [f"blocks.{i}.attn{j}" for i in range(2) for j in (1, 2)]
@@ -559,7 +561,7 @@ def test_forward_benchmarks_rotate_first_peer(monkeypatch):
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bench_wan_forward import ROTATE_FIRST, backend_models, pin_backends
+    from bench_forward import ROTATE_FIRST, backend_models, pin_backends
 
     models = backend_models([], lambda: tiny_hunyuan_video()[0], [ROTATE_FIRST])
     inputs = tiny_hunyuan_video()[1]

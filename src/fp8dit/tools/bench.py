@@ -772,9 +772,8 @@ def gpu_slug(name: str) -> str:
 
 
 def _git_commit() -> str | None:
-    # FP8DIT_COMMIT first: a copy of a working tree (the lent GPU machine's) can carry a .git
-    # whose HEAD is older than the files it runs (session 4's rows named the session's first
-    # commit).
+    # FP8DIT_COMMIT first: a copy of a working tree (a GPU machine's) can carry a .git whose
+    # HEAD is older than the files it runs, and its rows would name that older commit.
     if os.environ.get("FP8DIT_COMMIT"):
         return os.environ["FP8DIT_COMMIT"]
     try:
@@ -785,13 +784,49 @@ def _git_commit() -> str | None:
     return res.stdout.strip() or None if res.returncode == 0 else None
 
 
+def driver_version(device: torch.device) -> str | None:
+    """The NVIDIA driver's version (e.g. "570.124.06") from ``nvidia-smi``, else from
+    ``/proc/driver/nvidia/version``; None off CUDA or where neither tells."""
+    if device.type != "cuda":
+        return None
+    exe = shutil.which("nvidia-smi")
+    if exe is not None:
+        try:
+            res = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            lines = res.stdout.split() if res.returncode == 0 else []
+            if lines and re.fullmatch(r"\d+(\.\d+)+", lines[0]):
+                return lines[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        return driver_from_proc(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+
+
+def driver_from_proc(text: str) -> str | None:
+    """The version in ``/proc/driver/nvidia/version``'s "NVRM version: ... Kernel Module
+    570.124.06 ..." line (closed and open kernel modules word it differently)."""
+    m = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    return m.group(1) if m else None
+
+
+# Every results row (attention, model forward, context parallel) carries these fields; a value
+# a run could not read, or an older row did not record, is None.
+METADATA_FIELDS = ("gpu", "driver", "torch", "triton", "cuda", "cudnn", "cudnn_frontend",
+                   "sageattention", "fp8dit", "commit", "date")
+
+
 def run_metadata(device: torch.device) -> dict:
+    """The :data:`METADATA_FIELDS` of this process on ``device``: what a results row names."""
     import triton
 
     from .. import __version__
 
     meta = {
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-interpreter",
+        "driver": driver_version(device),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
@@ -813,8 +848,10 @@ def run_metadata(device: torch.device) -> dict:
 
 
 def _row_key(r: dict) -> tuple:
-    # "mode" tells apart rows of the model benchmarks (eager / cuda-graph / ulysses / ring).
-    return (r.get("date"), r.get("preset"), r.get("backend"), r.get("recipe"), r.get("mode"))
+    # "model" and "mode" tell apart rows of the model benchmarks (which transformer; eager /
+    # compile / cuda-graph / ulysses / ring).
+    return (r.get("date"), r.get("preset"), r.get("backend"), r.get("recipe"), r.get("model"),
+            r.get("mode"))
 
 
 def load_results(path: Path) -> list[dict]:
