@@ -70,12 +70,12 @@ def _sm90() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["gluon", "gluon-ws"])
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
-def test_sm90_kernels_match_fp64(case, kernel, monkeypatch):
-    """The Gluon kernels, forced, on the same cases: their masked steps (odd lengths, causal
-    diagonals, split-KV chunks) against fp64 with the Triton kernel's bounds. The interpreter
-    cannot run Gluon: GPU only."""
+def test_gluon_ws_kernel_matches_fp64(case, monkeypatch):
+    """The warp-specialized Gluon kernel, forced, on the same cases: its masked steps (odd
+    lengths, causal diagonals, split-KV chunks) against fp64 with the Triton kernel's bounds.
+    The interpreter cannot run Gluon: GPU only."""
+    kernel = "gluon-ws"
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setenv("FP8DIT_KERNEL", kernel)
@@ -89,8 +89,8 @@ def test_sm90_kernels_match_fp64(case, kernel, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["gluon", "gluon-ws"])
-def test_sm90_kernels_varlen_with_an_empty_sequence(kernel, monkeypatch):
+def test_gluon_ws_kernel_varlen_with_an_empty_sequence(monkeypatch):
+    kernel = "gluon-ws"
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setenv("FP8DIT_KERNEL", kernel)

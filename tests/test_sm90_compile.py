@@ -170,24 +170,15 @@ def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp
                                   ["kv", "--rope", "3", "--rope-range"],
                                   ["q", "--rope", "3", "--rope-range"],
                                   ["stats", "--rope", "3", "--rope-range"],
-                                  ["kv", "--iters", "4", "--finite-fast", "1", "--reverse", "1"],
-                                  ["q", "--iters", "4", "--finite-fast", "1"],
-                                  ["stats", "--full-fast", "1"],
-                                  ["stats", "--dp", "64", "--sub", "8", "--full-fast", "1"],
-                                  ["stats", "--full-fast", "1", "--dtype", "fp16"],
-                                  ["stats", "--full-fast", "1", "--rope", "2"]],
+                                  ["stats", "--dtype", "fp16"]],
                          ids=["kv-d128", "kv-d64", "q", "stats-d128", "stats-d64",
                               "kv-d128-rope", "q-rope", "stats-d128-rope", "stats-rope-fp32",
-                              "kv-rope-four", "q-rope-four", "stats-rope-four",
-                              "kv-iters-fast", "q-iters-fast", "stats-fast", "stats-d64-fast",
-                              "stats-fast-fp16", "stats-fast-rope"])
+                              "kv-rope-four", "q-rope-four", "stats-rope-four", "stats-fp16"])
 def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
     """The quantization kernels as the H200 runs them (the launch's specializations included):
     global stores vectorized and no spills. V^T's store went byte-wise once when its base's
-    alignment was unknown (32 STG.E.U8 per thread, a spilling program; session 12). Also the
-    knobs of sessions 24 and 25 that the H200 has not timed yet (blocks per program, the
-    unmasked and untested paths for finite data, quantize_kv's grid walked backwards), so they
-    are ready to be."""
+    alignment was unknown (32 STG.E.U8 per thread, a spilling program; sm_90 SASS of triton
+    3.6, 2026-12-03)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tool = os.path.join(os.path.dirname(__file__), "tools", "sass_quantize.py")
     proc = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True,

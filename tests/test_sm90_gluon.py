@@ -1,10 +1,11 @@
-"""The experimental Gluon Hopper kernel (``kernels.attention_sm90``, ``FP8DIT_KERNEL=gluon``).
+"""The warp-specialized Gluon Hopper kernel (``kernels.attention_sm90_ws``) and the
+quantization it reads.
 
 Gluon does not run in Triton's interpreter, so on CPU this checks what can be checked without a
-GPU: the quantizer's V layout the kernel relies on (interpreter), that the kernel compiles for
+GPU: the quantizer's layouts the kernel relies on (interpreter), that the kernel compiles for
 sm_90 with this Triton and that its kv loops use the Hopper tensor-core MMAs without spilling
-(SASS), and that nothing selects it unless asked. Its outputs were compared with the Triton
-kernel's and fp64 on the H200 (benchmarks/gpu_gluon.py, benchmarks/NOTES.md session 3).
+(SASS), and where ``attend.kernel_for`` runs it. Its outputs were compared with the Triton
+kernel's and fp64 on the H200 (tests/test_attention_fp8.py's GPU tests).
 """
 
 import functools
@@ -46,19 +47,14 @@ def test_kv_perm16_stores_v_in_the_p_register_order():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("k_scale_keys", [256, 128])
-def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
-    """The warp-specialized kernel's 256-key blocks: K has one scale per block (the default,
-    the larger of the two 128-key halves' scales) or per 128 keys (``K_SCALE_KEYS=128``: the
-    same int8 values and scales as 128-key blocks); V's grid factor follows the 256-key
-    block, and the empty second half of the last block is written (zeros), never left
-    uninitialized."""
+def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch):
+    """The warp-specialized kernel's 256-key blocks: K has one scale per block, the larger of
+    the two 128-key halves' scales; V's grid factor follows the 256-key block, and the empty
+    second half of the last block is written (zeros), never left uninitialized."""
     S, D = 300, 128  # the last 256-key block holds 44 keys: its second half is empty
-    monkeypatch.setattr(quantize, "K_SCALE_KEYS", k_scale_keys)
 
     def ws_for(block_n):
         monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=block_n))
-        monkeypatch.setattr(quantize, "K_SCALE_KEYS", k_scale_keys)
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
         plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
@@ -76,16 +72,10 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch, k_scale_keys):
     plan128, ws128, v = ws_for(128)
     plan256, ws256, _ = ws_for(256)
     assert plan256.key.block_n == 256 and plan256.k_total_padded == 512
-    if k_scale_keys == 128:
-        assert ws256.k_sub == 2 and ws256.k_scale.shape == (2, 4)
-        assert torch.equal(ws256.k_scale[:, :3], ws128.k_scale[:, :3])
-        assert torch.equal(ws256.k8[:, :S].view(torch.uint8),
-                           ws128.k8[:, :S].view(torch.uint8))
-    else:
-        assert ws256.k_sub == 1 and ws256.k_scale.shape == (2, 2)
-        assert torch.equal(ws256.k_scale[:, 0], ws128.k_scale[:, :2].amax(1))
-        assert torch.equal(ws256.k_scale[:, 1], ws128.k_scale[:, 2])
-        assert ws256.k8[:, S:].eq(0).all()
+    assert ws256.k_scale.shape == (2, 2)
+    assert torch.equal(ws256.k_scale[:, 0], ws128.k_scale[:, :2].amax(1))
+    assert torch.equal(ws256.k_scale[:, 1], ws128.k_scale[:, 2])
+    assert ws256.k8[:, S:].eq(0).all()
     v8 = ws256.v8t.float()  # [Hkv, D, T_pad], kv index permuted in groups of 16
     j = torch.arange(plan256.k_total_padded)
     col = (j & ~15) | (((j >> 1) & 3) << 2) | (((j >> 3) & 1) << 1) | (j & 1)  # token -> column
@@ -148,16 +138,12 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("knob", ["stats_prefetch", "stats_sub", "kv_rows", "q_rows", "iters",
-                                  "finite_fast"])
-def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, knob):
-    """The quantization's layout knobs (the statistics pass prefetching its next sub-tile, the
-    GPU's K/V and Q program rows, K/V's and Q's blocks per program, quantize_kv's grid walked
-    backwards, the statistics' unmasked pass for whole chunks of finite values, Q's and K's
-    blocks of finite values without tests) change only how the work is cut, never a byte of
-    the workspace; the GPU's statistics sub-tile (the interpreter keeps a larger one) only the
-    order of the sums. Varlen with an empty query sequence and lengths that end mid-block, GQA,
-    D=72, and a NaN key (its block's scale NaN)."""
+@pytest.mark.parametrize("knob", ["stats_sub", "kv_rows", "q_rows"])
+def test_quantization_launch_shape_gives_the_same_workspace_bitwise(monkeypatch, knob):
+    """The quantization's launch shape (the GPU's K/V and Q program rows) changes only how the
+    work is cut, never a byte of the workspace; the GPU's statistics sub-tile (the interpreter
+    keeps a larger one) only the order of the sums. Varlen with an empty query sequence and
+    lengths that end mid-block, GQA, D=72, and a NaN key (its block's scale NaN)."""
     q_lens, k_lens = [300, 0, 77], [300, 520, 77]
     D = 72
     g = torch.Generator().manual_seed(2)
@@ -179,25 +165,13 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
                                         st[1], v, st[2], kv_perm16=True)
 
     def with_knob(on):
-        if knob == "stats_prefetch":
-            monkeypatch.setattr(quantize, "KV_STATS_PREFETCH", on)
-        elif knob == "stats_sub":  # the GPU's sub-tile against the interpreter's default
+        if knob == "stats_sub":  # the GPU's sub-tile against the interpreter's default
             monkeypatch.setattr(quantize, "KV_STATS_SUB_ELEMS_INTERPRET",
                                 quantize.KV_STATS_SUB_ELEMS if on else 2048)
         elif knob == "kv_rows":  # the GPU's rows (32 at D=128) against 128
             monkeypatch.setitem(quantize.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
-        elif knob == "q_rows":
+        else:
             monkeypatch.setitem(quantize.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
-        elif knob == "finite_fast":  # whole chunks unmasked (one with the NaN key), and
-            # Q's and K's finite blocks without tests (their own tests count the paths taken)
-            monkeypatch.setattr(quantize, "KV_STATS_FULL_FAST", on)
-            monkeypatch.setattr(quantize, "Q_QUANT_FINITE_FAST", on)
-            monkeypatch.setattr(quantize, "KV_QUANT_FINITE_FAST", on)
-        else:  # three blocks per program (not a divisor of 4 per q tile, 8 per 256-key block),
-            # and quantize_kv's grid walked backwards
-            monkeypatch.setitem(quantize.Q_QUANT_ITERS, 128, 3 if on else 1)
-            monkeypatch.setitem(quantize.KV_QUANT_ITERS, 128, 3 if on else 1)
-            monkeypatch.setattr(quantize, "KV_QUANT_REVERSE", on)
         return ws()
 
     rows = {"kv": quantize.KV_QUANT_ROWS[128], "q": quantize.Q_QUANT_ROWS[128]}
@@ -218,96 +192,6 @@ def test_quantization_layout_knobs_give_the_same_workspace_bitwise(monkeypatch, 
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
-def _workspaces_counting(monkeypatch, helper, knob, plan, layout, q, k, v, rope=None):
-    """``ws(on)``: the quantization workspace with ``quant.<knob>`` set to ``on``, and how many
-    times it called the kernel helper ``kernels.quantize.<helper>`` (wrapped: the interpreter
-    calls helpers as Python functions)."""
-    from fp8dit.kernels import quantize as kq
-
-    calls = []
-    inner = getattr(kq, helper)
-
-    def counted(*args):
-        calls.append(1)
-        return inner(*args)
-
-    monkeypatch.setattr(kq, helper, counted)
-
-    def ws(on):
-        monkeypatch.setattr(quantize, knob, on)
-        calls.clear()
-        st = [attend._bthd_strides(t, layout) for t in (q, k, v)]
-        return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
-                                    st[1], v, st[2], kv_perm16=True, rope=rope), len(calls)
-    return ws
-
-
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-@pytest.mark.parametrize("dtype,rope", [(torch.bfloat16, False), (torch.float16, False),
-                                        (torch.bfloat16, True)])
-def test_statistics_unmasked_pass_takes_whole_finite_chunks_only(monkeypatch, dtype, rope):
-    """With ``KV_STATS_FULL_FAST`` the masked statistics pass runs only for chunks that end past
-    the sequence or hold a non-finite value (the unmasked pass found it and handed the chunk
-    back); the workspace is bitwise the one without it (and the non-finite key still gives its
-    block a NaN scale), with K rotated as loaded too. Counted by wrapping the masked pass,
-    which the interpreter calls as a Python function."""
-    k_lens = [600, 256]  # 256-token chunks: two whole + one partial, and one whole
-    D = 64
-    g = torch.Generator().manual_seed(4)
-    q = torch.randn(sum(k_lens), 2, D, generator=g).to(dtype)
-    k = (torch.randn(sum(k_lens), 2, D, generator=g) + torch.randn(D, generator=g) * 4).to(dtype)
-    v = torch.randn(sum(k_lens), 2, D, generator=g).to(dtype)
-    monkeypatch.setitem(attend.TILE_OVERRIDES, 64, dict(block_n=256))
-    plan, _ = attend.plan_for(k_lens, k_lens, varlen=True, num_heads=2, num_kv_heads=2,
-                              head_dim=D, is_causal=False, device=q.device)
-    assert plan.stats_chunk == 256
-    # Wan's rotary tables (fp32), K rotated as loaded
-    tables = torch.randn(2, 600, D // 2, generator=g) if rope else None
-    ws = _workspaces_counting(monkeypatch, "_stats_chunk_masked", "KV_STATS_FULL_FAST", plan,
-                              "varlen", q, k, v, rope=tables)
-
-    names = ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean")
-    for nan_at in (None, (300, 1, 5)):  # a NaN key in sequence 0's second whole chunk
-        if nan_at:
-            k[nan_at] = float("nan")
-        (base, n_base), (fast, n_fast) = ws(False), ws(True)
-        assert n_base == 4 * 2  # every chunk of both heads
-        assert n_fast == 1 * 2 + (1 if nan_at else 0)  # the partial chunks (+ the NaN one)
-        for name in names:
-            a, b = getattr(base, name), getattr(fast, name)
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-        assert base.k_scale.isnan().sum() == (1 if nan_at else 0)
-
-
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
-def test_query_blocks_of_finite_values_skip_the_tests_bitwise(monkeypatch):
-    """With ``Q_QUANT_FINITE_FAST`` only query blocks holding a NaN or an infinity go through
-    the tested path (``_q_scales_and_codes``, counted by wrapping it: the interpreter calls it
-    as a Python function); codes, scales (NaN for those rows) and LSE shifts are bitwise the
-    ones without it."""
-    S, D = 300, 64  # 32-row blocks: 10 per head, the last one partial
-    g = torch.Generator().manual_seed(5)
-    q = (torch.randn(1, 2, S, D, generator=g) * 3).bfloat16()
-    q[0, 0, 40, 7] = float("nan")  # head 0, block 1
-    q[0, 1, 299, 0] = float("-inf")  # head 1, the partial block
-    q[0, 1, 100, 3] = 3e38  # finite, near bf16's largest: stays on the fast path
-    k = (torch.randn(1, 2, S, D, generator=g) + torch.randn(D, generator=g) * 4).bfloat16()
-    v = torch.randn(1, 2, S, D, generator=g).bfloat16()
-    monkeypatch.setitem(quantize.Q_QUANT_ROWS, 64, 32)
-    plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
-                              head_dim=D, is_causal=False, device=q.device)
-    ws = _workspaces_counting(monkeypatch, "_q_scales_and_codes", "Q_QUANT_FINITE_FAST", plan,
-                              "HND", q, k, v)
-
-    (base, n_base), (fast, n_fast) = ws(False), ws(True)
-    n_blocks = 2 * -(-S // 32)
-    assert n_base == n_blocks and n_fast == 2
-    for name in ("q8", "q_scale", "q_corr"):
-        a, b = getattr(base, name), getattr(fast, name)
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-    assert base.q_scale.isnan().sum() == 2
-
-
 def _poisoned(empty):
     def f(*shape, **kw):
         t = empty(*shape, **kw)
@@ -322,18 +206,20 @@ def _poisoned(empty):
 def test_kernel_choice_is_auto_by_default_and_named_kernels_are_checked(monkeypatch):
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
     assert env.attention_kernel() == "auto"
-    monkeypatch.setenv("FP8DIT_KERNEL", "gluon")
-    assert env.attention_kernel() == "gluon"
-    monkeypatch.setenv("FP8DIT_KERNEL", "cutlass")
-    with pytest.raises(ValueError, match="FP8DIT_KERNEL: expected one of auto, triton, gluon"):
-        env.attention_kernel()
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
+    assert env.attention_kernel() == "gluon-ws"
+    for bad in ("cutlass", "gluon"):  # "gluon": the one-warpgroup kernel, no longer shipped
+        monkeypatch.setenv("FP8DIT_KERNEL", bad)
+        with pytest.raises(ValueError, match="FP8DIT_KERNEL: expected one of auto, triton, "
+                                             f"gluon-ws, got '{bad}'"):
+            env.attention_kernel()
 
 
 def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(monkeypatch):
     """``kernel_for`` on a (pretended) sm_90 GPU: long dense non-causal D=128 calls with the
     int8-QK/fp8-PV recipes go to the Gluon kernel, everything else to the Triton one."""
     # imported (and cached) under the suite's interpreter setting, as a process would once
-    assert attend._gluon_sm90_module("attention_sm90_ws") is not None
+    assert attend._gluon_ws_module() is not None
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cap = {"value": (9, 0)}
@@ -366,7 +252,7 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", ("0.0",))  # a Triton not run on a GPU
     assert choice() == "triton"
     monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
-    for name in ("triton", "gluon", "gluon-ws"):  # a named kernel is taken as asked
+    for name in ("triton", "gluon-ws"):  # a named kernel is taken as asked
         monkeypatch.setenv("FP8DIT_KERNEL", name)
         assert choice(head_dim=64, k_len=100) == name
     # The tiles follow the choice: 128-row work items for the Gluon kernel.
@@ -378,16 +264,14 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     assert attend.tile_config(128, gpu, "triton")["block_m"] == 64
 
 
-def test_gluon_kernels_never_run_off_an_sm90_gpu(monkeypatch):
-    # Asked for, they still never run off an sm_90 GPU (here: CPU tensors), and the plan keeps
+def test_gluon_kernel_never_runs_off_an_sm90_gpu(monkeypatch):
+    # Asked for, it still never runs off an sm_90 GPU (here: CPU tensors), and the plan keeps
     # the Triton kernel's tiles.
-    for name in ("gluon", "gluon-ws"):
-        monkeypatch.setenv("FP8DIT_KERNEL", name)
-        plan, cfg = attend.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
-                                    head_dim=128, is_causal=False, device=torch.device("cpu"))
-        assert cfg["block_m"] == 64
-        assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu")) \
-            is None
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
+    plan, cfg = attend.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
+                                head_dim=128, is_causal=False, device=torch.device("cpu"))
+    assert cfg["block_m"] == 64
+    assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu")) is None
 
 
 def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
@@ -396,13 +280,13 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
     proc = subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
                           env=environ, timeout=900)
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == 10, proc.stderr[-3000:]
+    assert len(reports) == 4, proc.stderr[-3000:]  # head dims 64, 128; causal or not
     for rep in reports:
         assert rep["ok"], rep
-        # the unmasked main loop and the masked tail loop (per consumer warpgroup when ws)
-        assert len(rep["loops"]) == (4 if rep["ws"] else 2), rep
+        # the unmasked main loop and the masked tail loop, per consumer warpgroup
+        assert len(rep["loops"]) == 4, rep
         # 256-key steps at D=128 use the 240-register budget to the last register. With the
-        # row-sum dot (session 11) the main loop spills one value per step with the H200's
+        # row-sum dot the main loop spills one value per step with the H200's
         # triton 3.6 (two with 3.9), and the masked tail loop, run once per work item (1 of
         # ~300 steps at Wan 720p), 13 (3.9: 17); the measured speed includes them.
         # ``auto`` runs the Gluon kernel only on releases it has run on.
@@ -414,8 +298,8 @@ def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
             assert loop["spills"] <= ((13 if on_36 else 17) if wide_d128 else 4), rep
         main = min(rep["loops"], key=lambda lp: lp["instructions"])
         assert main["spills"] <= ((1 if on_36 else 2) if wide_d128 else 0), rep
-        # two programs per SM, or one warp-specialized program
-        assert rep["shared"] <= (227 if rep["ws"] else 113) * 1024, rep
+        # one program per SM
+        assert rep["shared"] <= 227 * 1024, rep
 
 
 def _on_sm90() -> bool:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import math
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import env, quantize
+from . import env
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import SEQ_FIELDS, SEQ_K_LEN
 from .merge import merge_stage
@@ -78,7 +77,7 @@ def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | 
             and recipe.qk == "int8" and recipe.qk_terms == 1 and recipe.pv == "fp8"
             and _gluon_ws_possible(device)
             and triton_release() in WS_VERIFIED_TRITON
-            and _gluon_sm90_module("attention_sm90_ws") is not None):
+            and _gluon_ws_module() is not None):
         return "gluon-ws"
     return "triton"
 
@@ -196,55 +195,49 @@ def plan_for(
 
 
 @functools.cache
-def _gluon_sm90_module(name: str = "attention_sm90"):
-    """A Gluon sm_90 kernel module, or None where this Triton has no (compatible) Gluon."""
+def _gluon_ws_module():
+    """The warp-specialized kernel's module, or None where this Triton has no (compatible)
+    Gluon."""
     try:
-        return importlib.import_module(f".kernels.{name}", __package__)
+        from .kernels import attention_sm90_ws
     except Exception:  # noqa: BLE001 - an experimental API: any import failure means "absent"
         return None
+    return attention_sm90_ws
 
 
 def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
                    kernel: str | None = None) -> str | None:
-    """Which Gluon Hopper kernel this call runs ("gluon-ws", "gluon"), or None (Triton).
+    """"gluon-ws" when this call runs the warp-specialized Gluon Hopper kernel, else None
+    (Triton).
 
-    ``kernel_for`` decides: the warp-specialized one by default for long dense D=128 calls;
-    the one-warpgroup one (``FP8DIT_KERNEL=gluon``) only when asked for (no faster than the
-    Triton kernel, and its PV sum drifts at 200k tokens: benchmarks/NOTES.md, session 3). Only
-    on an sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was
-    written for; everything else, the CPU interpreter included, runs the Triton kernel.
-    ``kernel``: the choice ``plan_for`` made (its ``cfg["kernel"]``); None makes it again.
+    ``kernel_for`` decides: the warp-specialized kernel by default for long dense calls at
+    head dims up to 128. Only on an sm_90 GPU, for int8 QK + fp8 PV at padded head dims 64/128
+    and the tile shape it was written for; everything else, the CPU interpreter included, runs
+    the Triton kernel. ``kernel``: the choice ``plan_for`` made (its ``cfg["kernel"]``); None
+    makes it again.
     """
     key = plan.key
     if kernel is None:
         kernel = kernel_for(plan.head_dim_padded, max(key.k_lens, default=0), key.is_causal,
                             recipe, device)
-    if device.type != "cuda" or env.triton_interpret() or kernel == "triton":
+    if device.type != "cuda" or env.triton_interpret() or kernel != "gluon-ws":
         return None
     if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
         return None
-    block_m = 128 if kernel == "gluon-ws" else 64
-    block_ns = (128, 256) if kernel == "gluon-ws" else (128,)
-    if (plan.head_dim_padded not in (64, 128) or key.block_m != block_m
-            or key.block_n not in block_ns):
+    if (plan.head_dim_padded not in (64, 128) or key.block_m != 128
+            or key.block_n not in (128, 256)):
         return None
     if torch.cuda.get_device_capability(device) != (9, 0):
         return None
-    name = "attention_sm90_ws" if kernel == "gluon-ws" else "attention_sm90"
-    return kernel if _gluon_sm90_module(name) is not None else None
-
-
-# Gluon kernel's ring of K/V stages (shared memory: (16 + 16) KB per stage at D=128, plus Q).
-SM90_STAGES = 3
+    return kernel if _gluon_ws_module() is not None else None
 
 
 def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
-                    out, out_strides, lse, lse_strides, sm90: str) -> None:
+                    out, out_strides, lse, lse_strides) -> None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    ws_kernel = sm90 == "gluon-ws"
-    mod = _gluon_sm90_module("attention_sm90_ws" if ws_kernel else "attention_sm90")
+    mod = _gluon_ws_module()
     key = plan.key
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
@@ -253,9 +246,8 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
         return GluonDescriptor.from_tensor(t, block, layout)
 
-    # One query tile's rows per program; the warp-specialized kernel's plan tile (128 rows)
-    # is split between its two consumer warpgroups.
-    rows = BM // 2 if ws_kernel else BM
+    # The plan's 128-row work item is split between the two consumer warpgroups.
+    rows = BM // 2
     # K and V^T tiles of at most 128 keys (one dot each; a 256-key kv block loads two).
     sub_n = min(BN, 128)
     args = (
@@ -267,34 +259,19 @@ def _attention_sm90(plan: Plan, cfg: dict, ws: Workspace, tabs,
         out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
         D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
     )
-    meta = dict(DP=Dp, BLOCK_M=rows, BLOCK_N=BN, IS_CAUSAL=key.is_causal,
-                STAGES=cfg.get("sm90_stages", SM90_STAGES), num_warps=4)
-    if ws_kernel:
-        mod.attention_fwd_sm90_ws_kernel[(plan.num_programs,)](
-            *args, **meta,
-            CONSUMER_REGS=cfg.get("sm90_consumer_regs", 240),
-            TWO_LEVEL=cfg.get("sm90_two_level", True),
-            # benchmarks only (wrong results): 1 = no exp2, 2 = no softmax, 3 = no softmax
-            # and no P store
-            ABLATE_EXP=cfg.get("sm90_ablate_exp", 0),
-            PINGPONG=cfg.get("sm90_pingpong", False),
-            # benchmarks only (wrong results), bits: 1 = no magic preset of the QK accumulator,
-            # 2 = no per-block O rescale (with sm90_two_level=False; 256-key steps: no fold of
-            # the block's PV sum into the fp32 sum), 4 = no row sum (128-key steps)
-            ABLATE_MISC=cfg.get("sm90_ablate_misc", 0),
-            K_SUB=ws.k_sub,
-            # 256-key steps: the PV dots read P from registers instead of shared memory
-            P_REGS=cfg.get("sm90_p_regs", False),
-            # 256-key steps with P from registers: P's row sums from N=8 dots with a tile of
-            # ones (off: FADDs and a row reduction)
-            ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
-                            and cfg.get("sm90_p_regs", False)),
-            # 256-key steps: K and V of a ring slot on their own barriers, V's waited for
-            # before the exponentials
-            SPLIT_KV=bool(cfg.get("sm90_split_kv", False) and BN > 128),
-        )
-    else:
-        mod.attention_fwd_sm90_kernel[(plan.num_programs,)](*args, **meta, **_register_cap(cfg))
+    mod.attention_fwd_sm90_ws_kernel[(plan.num_programs,)](
+        *args, DP=Dp, BLOCK_M=rows, BLOCK_N=BN, IS_CAUSAL=key.is_causal,
+        STAGES=cfg["sm90_stages"], CONSUMER_REGS=240, num_warps=4,
+        # 256-key steps: the PV dots read P from registers instead of shared memory
+        P_REGS=cfg.get("sm90_p_regs", False),
+        # 256-key steps with P from registers: P's row sums from N=8 dots with a tile of
+        # ones (off: FADDs and a row reduction)
+        ROWSUM_DOT=bool(cfg.get("sm90_rowsum_dot", False) and BN > 128
+                        and cfg.get("sm90_p_regs", False)),
+        # 256-key steps: K and V of a ring slot on their own barriers, V's waited for
+        # before the exponentials
+        SPLIT_KV=bool(cfg.get("sm90_split_kv", False) and BN > 128),
+    )
 
 
 def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
@@ -306,12 +283,8 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     if plan.n_work and sm90:
-        _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides, sm90)
+        _attention_sm90(plan, cfg, ws, tabs, out, out_strides, lse, lse_strides)
     elif plan.n_work:
-        if ws.k_sub != 1:
-            raise ValueError(f"the Triton kernel reads one K scale per kv block of {BN} keys; "
-                             f"this workspace has {ws.k_sub} "
-                             f"(quantize.K_SCALE_KEYS={quantize.K_SCALE_KEYS})")
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
         desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])

@@ -7,9 +7,9 @@ variable               meaning
 ``FP8DIT_DISABLE``     ``1`` turns the FP8 path off everywhere (auto always picks ``sdpa``)
 ``FP8DIT_RECIPE``      default accuracy recipe name (see :mod:`fp8dit.recipes`)
 ``FP8DIT_PLAN_CACHE``  how many plans the LRU plan cache keeps (default 64)
-``FP8DIT_KERNEL``      attention kernel: ``triton`` (default, everywhere) | ``gluon`` |
-                       ``gluon-ws`` (experimental Hopper kernels, sm_90 only; see
-                       kernels/attention_sm90.py and attention_sm90_ws.py)
+``FP8DIT_KERNEL``      attention kernel: ``auto`` (default: ``attend.kernel_for``) |
+                       ``triton`` | ``gluon-ws`` (the warp-specialized Hopper kernel, sm_90
+                       only, kernels/attention_sm90_ws.py) for every call
 ``TRITON_INTERPRET``   ``1`` runs the Triton kernels on CPU tensors through Triton's interpreter
 =====================  =====================================================================
 
@@ -54,7 +54,7 @@ def plan_cache_size() -> int:
     return size
 
 
-KERNELS = ("auto", "triton", "gluon", "gluon-ws")
+KERNELS = ("auto", "triton", "gluon-ws")
 
 
 def attention_kernel() -> str:

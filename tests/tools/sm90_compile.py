@@ -1,7 +1,7 @@
 """Compile recorded fp8dit kernel launches for sm_90 on a machine without a GPU.
 
     python tests/tools/sm90_compile.py launches.json
-    python tests/tools/sm90_compile.py --gluon          # the Gluon sm_90 attention kernel
+    python tests/tools/sm90_compile.py --gluon          # the warp-specialized Gluon kernel
 
 Reads launches recorded by tests/test_sm90_compile.py (argument types, constexprs, warps,
 stages), compiles each kernel with Triton's own compiler for an H100/H200 target, disassembles
@@ -68,11 +68,9 @@ def _spills(body: list[str]) -> int:
     return sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
 
 
-def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
-                           extra: dict | None = None, block_n: int = 128,
-                           stages: int = 3) -> dict:
-    """Compile ``kernels.attention_sm90`` (``ws``: ``attention_sm90_ws``) for sm_90 and describe
-    its kv loops' SASS.
+def gluon_attention_report(dp: int, causal: bool, extra: dict | None = None,
+                           block_n: int = 128, stages: int = 3) -> dict:
+    """Compile ``kernels.attention_sm90_ws`` for sm_90 and describe its kv loops' SASS.
 
     ``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``, PV
     still in flight) and the wait for the PV dot (``0x0``) in each loop: the softmax the
@@ -82,12 +80,11 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fp8dit.kernels import attention_sm90, attention_sm90_ws
+    from fp8dit.kernels import attention_sm90_ws
 
-    # ``block_n`` (ws only): keys per kv step; 256 runs as two dots over 128-key tiles
+    # ``block_n``: keys per kv step; 256 runs as two dots over 128-key tiles
     bm, bn = 64, min(block_n, 128)
-    kernel = (attention_sm90_ws.attention_fwd_sm90_ws_kernel if ws
-              else attention_sm90.attention_fwd_sm90_kernel)
+    kernel = attention_sm90_ws.attention_fwd_sm90_ws_kernel
 
     def desc(dtype_str, dtype, block):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
@@ -100,11 +97,10 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
     )
     const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=block_n, IS_CAUSAL=causal, STAGES=stages,
                  num_warps=4)
-    if ws:
-        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, **(extra or {}))
+    const.update(CONSUMER_REGS=240, **(extra or {}))
     params = inspect.signature(kernel.fn).parameters
-    # Constexpr knobs with a default (ablations, PINGPONG) compile at that default: left out of
-    # ``const`` they would become runtime arguments, and the SASS would be another kernel's.
+    # Constexprs with a default compile at that default: left out of ``const`` they would
+    # become runtime arguments, and the SASS would be another kernel's.
     for n, p in params.items():
         if n not in const and p.default is not inspect.Parameter.empty:
             const[n] = p.default
@@ -114,7 +110,7 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out = {"dp": dp, "causal": causal, "ws": ws, "block_n": block_n,
+    out = {"dp": dp, "causal": causal, "block_n": block_n,
            "shared": ck.metadata.shared, "loops": []}
     for body in mma_loops(_disassemble(ck.asm["cubin"])):
         waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
@@ -135,28 +131,25 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
 
 def main(path: str) -> int:
     if path == "--gluon":
-        # (warp-specialized, kv block): the one-warpgroup kernel, the ws kernel's 128-key
-        # loop, and its 256-key steps, non-causal only as attend.WS_TILES/WS_CAUSAL_TILES
-        # run them (ring depth as WS_TILES gives it)
+        # as attend.WS_TILES (non-causal) and WS_CAUSAL_TILES run the kernel
         from fp8dit import attend
 
-        for ws, block_n in ((False, 128), (True, 128), (True, 256)):
-            for dp in (64, 128):
-                tiles = attend.WS_TILES[dp] if block_n == 256 else {}
-                stages = tiles.get("sm90_stages", 2) if block_n == 256 else 3
-                extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
-                if extra and tiles.get("sm90_rowsum_dot"):
-                    extra["ROWSUM_DOT"] = True
-                if tiles.get("sm90_split_kv"):
-                    extra = {**(extra or {}), "SPLIT_KV": tiles["sm90_split_kv"]}
-                for causal in ((False,) if block_n == 256 else (False, True)):
-                    try:
-                        rep = dict(ok=True, **gluon_attention_report(
-                            dp, causal, ws, extra=extra, block_n=block_n, stages=stages))
-                    except Exception as e:  # noqa: BLE001 - reported to the test
-                        rep = dict(ok=False, dp=dp, causal=causal, ws=ws, block_n=block_n,
-                                   error=f"{type(e).__name__}: {str(e)[:2000]}")
-                    print(json.dumps(rep), flush=True)
+        for dp in (64, 128):
+            for causal in (False, True):
+                tiles = (attend.WS_CAUSAL_TILES if causal else attend.WS_TILES)[dp]
+                block_n = tiles["block_n"]
+                wide = block_n > 128
+                extra = dict(P_REGS=tiles.get("sm90_p_regs", False),
+                             ROWSUM_DOT=bool(tiles.get("sm90_rowsum_dot") and wide
+                                             and tiles.get("sm90_p_regs")),
+                             SPLIT_KV=bool(tiles.get("sm90_split_kv") and wide))
+                try:
+                    rep = dict(ok=True, **gluon_attention_report(
+                        dp, causal, extra=extra, block_n=block_n, stages=tiles["sm90_stages"]))
+                except Exception as e:  # noqa: BLE001 - reported to the test
+                    rep = dict(ok=False, dp=dp, causal=causal, block_n=block_n,
+                               error=f"{type(e).__name__}: {str(e)[:2000]}")
+                print(json.dumps(rep), flush=True)
         return 0
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     with open(path) as f:
