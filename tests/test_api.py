@@ -190,43 +190,47 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     head dims padded to 256); CPU (interpreter) runs are never redirected."""
     from types import SimpleNamespace
 
-    from fp8dit import attend, dispatch
+    from fp8dit import attend, dispatch, tuning
 
     cap = {"value": (9, 0)}
     monkeypatch.setattr(dispatch, "_capability", lambda index: cap["value"])
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
+    crossovers = tuning.current().crossovers
+
+    def verified():  # this Triton release taken as one the Gluon kernel was verified on
+        return tuning.override(gluon_releases=(
+            tuning.VerifiedRelease(attend.triton_release(), "(this test)", "", ""),))
 
     def fake(d, device="cuda"):
         return SimpleNamespace(device=torch.device(device), shape=(1, 8, 2, d))
 
     # D=64 pays from 8,192 tokens on the warp-specialized kernel (Hopper, non-causal) and
     # only from 17,000 where the Triton kernel runs (causal, another GPU, another Triton)
-    q64, n64 = fake(64), dispatch.FP8_MIN_TOKENS[64]
-    assert n64 < dispatch.FP8_MIN_TOKENS_TRITON_KERNEL[64]
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64) is None
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64 - 1)
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, True, n64)
-    monkeypatch.setenv("FP8DIT_KERNEL", "triton")
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    monkeypatch.delenv("FP8DIT_KERNEL")
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", ("0.1",))  # not this release
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
-    cap["value"] = (8, 0)
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    assert dispatch.fp8_not_preferred_reason(
-        q64, q64, q64, False, dispatch.FP8_MIN_TOKENS_TRITON_KERNEL[64]) is None
-    cap["value"] = (9, 0)
+    q64, n64 = fake(64), crossovers[64].gluon_ws
+    assert n64 < crossovers[64].triton
+    with verified():
+        assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64) is None
+        assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64 - 1)
+        assert dispatch.fp8_not_preferred_reason(q64, q64, q64, True, n64)
+        monkeypatch.setenv("FP8DIT_KERNEL", "triton")
+        assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
+        monkeypatch.delenv("FP8DIT_KERNEL")
+    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)  # not this release
+    with verified():
+        cap["value"] = (8, 0)
+        assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
+        assert dispatch.fp8_not_preferred_reason(
+            q64, q64, q64, False, crossovers[64].triton) is None
+        cap["value"] = (9, 0)
 
-    floor = dispatch.FP8_MIN_TOKENS[128]
-    assert dispatch.effective_tokens([4096], [4096]) == 4096
-    # Wan cross-attention: 75,600 queries against 512 text keys is ~1,000 effective tokens.
-    assert 1000 < dispatch.effective_tokens([75600], [512]) < 1030
-    q = fake(128)
-    assert dispatch.fp8_not_preferred_reason(q, q, q, False, floor) is None
-    why = dispatch.fp8_not_preferred_reason(q, q, q, False, floor - 1)
-    assert why and "too short" in why and str(floor) in why
+        floor = crossovers[128].gluon_ws
+        assert dispatch.effective_tokens([4096], [4096]) == 4096
+        # Wan cross-attention: 75,600 queries against 512 text keys is ~1,000 effective tokens.
+        assert 1000 < dispatch.effective_tokens([75600], [512]) < 1030
+        q = fake(128)
+        assert dispatch.fp8_not_preferred_reason(q, q, q, False, floor) is None
+        why = dispatch.fp8_not_preferred_reason(q, q, q, False, floor - 1)
+        assert why and "too short" in why and str(floor) in why
     assert "256" in dispatch.fp8_not_preferred_reason(fake(200), None, None, False, 10**6)
     assert dispatch.fp8_not_preferred_reason(fake(128, "cpu"), None, None, False, 1) is None
     # A backend named explicitly ignores these preferences; on CPU auto still picks FP8 (in the
@@ -242,19 +246,20 @@ def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
 def test_kernel_aware_preference_traces_without_a_graph_break(monkeypatch):
     """auto's preference runs inside compiled forwards (dispatch is traced): the check of which
     kernel will run must not break the graph, also on its first call (release not read yet)."""
-    from fp8dit import attend, dispatch
+    from fp8dit import attend, dispatch, tuning
 
     monkeypatch.setattr(dispatch, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
-    monkeypatch.setattr(attend, "_TRITON_RELEASE", {})
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
 
     def f(x):
         return x + 1 if dispatch._warp_specialized_kernel_likely(x, False) else x - 1
 
-    torch._dynamo.reset()
-    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2)),
-                       torch.ones(2))
+    with tuning.override(gluon_releases=(tuning.VerifiedRelease(
+            attend.triton_release(), "(this test)", "", ""),)):
+        monkeypatch.setattr(attend, "_TRITON_RELEASE", {})
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2)),
+                           torch.ones(2))
 
 
 def test_sampled_rows_reference_matches_the_full_one():

@@ -101,7 +101,7 @@ def test_per_query_masks_of_kept_queries_and_keys():
 @pytest.mark.parametrize("sq,sk", [(1, 1), (257, 1), (33, 513), (67, 6), (21, 141)])
 def test_mask_reading_kernel_matches_torch(sq, sk, device):
     # (33, 513): one row past a 32-row block and one byte past a 128-word (512-byte) block of
-    # the word kernel (MASK_WORD_ROWS, MASK_WORDS).
+    # the word kernel (tuning.mask_words: 32 rows, 128 words).
     # HunyuanVideo 1.5's per-query masks are read by one kernel (row counts, column any), as
     # int32 words where rows are contiguous: random, all-False and all-True batches, a batch
     # broadcast by stride 0, a transposed view (bytes), and views starting at each byte of a

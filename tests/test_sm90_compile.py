@@ -20,7 +20,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fp8dit
-from fp8dit import attend, merge, quantize
+from fp8dit import attend, merge, quantize, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 
 pytestmark = pytest.mark.skipif(
@@ -105,10 +105,10 @@ def _record(monkeypatch):
     # The warp-specialized kernel's 256-key blocks (its launch needs a GPU): the quantization
     # they take, with each block's K amax from the statistics pass.
     for D in (64, 128):
-        monkeypatch.setitem(attend.TILE_OVERRIDES, D, dict(block_n=256))
         q, k, v = (torch.randn(1, 600, 2, D, generator=g).bfloat16() for _ in range(3))
-        plan, _ = attend.plan_for([600], [600], varlen=False, num_heads=2, num_kv_heads=2,
-                                  head_dim=D, is_causal=False, device=q.device)
+        with tuning.override(tiles={D: dict(block_n=256)}):
+            plan, _ = attend.plan_for([600], [600], varlen=False, num_heads=2, num_kv_heads=2,
+                                      head_dim=D, is_causal=False, device=q.device)
         st = attend._bthd_strides(q, "NHD")
         quantize.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                              kv_perm16=True)
@@ -120,7 +120,6 @@ def _record(monkeypatch):
         tables = torch.randn(2, 500, D, generator=g)  # whole cos and sin rows
         quantize.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                              kv_perm16=True, rope=tables, rope_start=100)
-        monkeypatch.delitem(attend.TILE_OVERRIDES, D)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
     assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2, 3}
     assert any(r["constexprs"].get("ROPE_RANGE") for r in sink)

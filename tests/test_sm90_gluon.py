@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 
-from fp8dit import attend, env, quantize
+from fp8dit import attend, env, quantize, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
 
 
@@ -54,19 +54,17 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch):
     S, D = 300, 128  # the last 256-key block holds 44 keys: its second half is empty
 
     def ws_for(block_n):
-        monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=block_n))
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, S, 2, D, generator=g).bfloat16() for _ in range(3))
-        plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
-                                  head_dim=D, is_causal=False, device=q.device)
+        with tuning.override(tiles={128: dict(block_n=block_n)}):
+            plan, _ = attend.plan_for([S], [S], varlen=False, num_heads=2, num_kv_heads=2,
+                                      head_dim=D, is_causal=False, device=q.device)
         st = attend._bthd_strides(q, "NHD")
         # poison the workspace memory the quantizer must overwrite
-        monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
-        try:
+        with monkeypatch.context() as m:
+            m.setattr(torch, "empty", _poisoned(torch.empty))
             ws = quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k, st,
-                                      v, st, kv_perm16=True)
-        finally:
-            monkeypatch.undo()
+                                         v, st, kv_perm16=True)
         return plan, ws, v
 
     plan128, ws128, v = ws_for(128)
@@ -95,7 +93,8 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch):
 def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(monkeypatch,
                                                                                bad):
     """One K scale per 256-key block taken by 128-row programs from the statistics pass's
-    per-block channel max and min (``KV_QUANT_ROWS``) equals what 256-row programs compute,
+    per-block channel max and min (``tuning.Quantization.kv_rows``) equals what 256-row
+    programs compute,
     bit for bit: varlen with a second sequence starting at kv block 2, GQA, D=72 (padded
     channels), and a NaN or infinite key in the second half of a block, which must make that
     block's scale NaN and no other's (that block's int8 values, which no score uses, may
@@ -108,15 +107,14 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
     v = torch.randn(T, 2, D, generator=g).bfloat16()
     if bad is not None:
         k[300 + 400, 1, 7] = bad  # second sequence, key 400: block 1, second half
-    monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=256))
-    plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
-                              head_dim=D, is_causal=False, device=q.device)
+    with tuning.override(tiles={128: dict(block_n=256)}):
+        plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
+                                  head_dim=D, is_causal=False, device=q.device)
     assert plan.key.block_n == 256 and plan.stats_chunk == 256  # whole kv blocks per chunk
 
     def ws(rows):
-        monkeypatch.setitem(quantize.KV_QUANT_ROWS, 128, rows)
         st = attend._bthd_strides(q, "varlen")
-        with monkeypatch.context() as m:
+        with monkeypatch.context() as m, tuning.override(quantization=dict(kv_rows={128: rows})):
             m.setattr(torch, "empty", _poisoned(torch.empty))
             return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st, k,
                                         attend._bthd_strides(k, "varlen"), v,
@@ -140,10 +138,11 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
 @pytest.mark.parametrize("knob", ["stats_sub", "kv_rows", "q_rows"])
 def test_quantization_launch_shape_gives_the_same_workspace_bitwise(monkeypatch, knob):
-    """The quantization's launch shape (the GPU's K/V and Q program rows) changes only how the
-    work is cut, never a byte of the workspace; the GPU's statistics sub-tile (the interpreter
-    keeps a larger one) only the order of the sums. Varlen with an empty query sequence and
-    lengths that end mid-block, GQA, D=72, and a NaN key (its block's scale NaN)."""
+    """The quantization's launch shape (``tuning.Quantization``: the GPU's K/V and Q program
+    rows) changes only how the work is cut, never a byte of the workspace; the GPU's statistics
+    sub-tile (the interpreter keeps a larger one) only the order of the sums. Varlen with an
+    empty query sequence and lengths that end mid-block, GQA, D=72, and a NaN key (its block's
+    scale NaN)."""
     q_lens, k_lens = [300, 0, 77], [300, 520, 77]
     D = 72
     g = torch.Generator().manual_seed(2)
@@ -152,9 +151,9 @@ def test_quantization_launch_shape_gives_the_same_workspace_bitwise(monkeypatch,
          + torch.randn(D, generator=g) * 5).bfloat16()
     v = torch.randn(sum(k_lens), 2, D, generator=g).bfloat16()
     k[300 + 130, 0, 3] = float("nan")
-    monkeypatch.setitem(attend.TILE_OVERRIDES, 128, dict(block_n=256))
-    plan, _ = attend.plan_for(q_lens, k_lens, varlen=True, num_heads=4, num_kv_heads=2,
-                              head_dim=D, is_causal=False, device=q.device)
+    with tuning.override(tiles={128: dict(block_n=256)}):
+        plan, _ = attend.plan_for(q_lens, k_lens, varlen=True, num_heads=4, num_kv_heads=2,
+                                  head_dim=D, is_causal=False, device=q.device)
     assert plan.key.block_n == 256 and plan.stats_chunk == 256
 
     def ws():
@@ -164,18 +163,21 @@ def test_quantization_launch_shape_gives_the_same_workspace_bitwise(monkeypatch,
             return quantize.quantize_stage(plan, get_recipe(DEFAULT_RECIPE), 0.125, q, st[0], k,
                                         st[1], v, st[2], kv_perm16=True)
 
-    def with_knob(on):
-        if knob == "stats_sub":  # the GPU's sub-tile against the interpreter's default
-            monkeypatch.setattr(quantize, "KV_STATS_SUB_ELEMS_INTERPRET",
-                                quantize.KV_STATS_SUB_ELEMS if on else 2048)
-        elif knob == "kv_rows":  # the GPU's rows (32 at D=128) against 128
-            monkeypatch.setitem(quantize.KV_QUANT_ROWS, 128, rows["kv"] if on else 128)
-        else:
-            monkeypatch.setitem(quantize.Q_QUANT_ROWS, 128, rows["q"] if on else 64)
-        return ws()
+    shipped = tuning.current().quantization
+    changes = {  # (the shipped value, the one it is compared with)
+        # the GPU's sub-tile against the interpreter's default
+        "stats_sub": (dict(stats_sub_elems_interpret=shipped.stats_sub_elems),
+                      dict(stats_sub_elems_interpret=2048)),
+        "kv_rows": (dict(kv_rows={128: shipped.kv_rows[128]}), dict(kv_rows={128: 128})),
+        "q_rows": (dict(q_rows={128: shipped.q_rows[128]}), dict(q_rows={128: 64})),
+    }[knob]
+    assert (shipped.kv_rows[128] < 128 and shipped.q_rows[128] < 64
+            and shipped.stats_sub_elems < 2048)
 
-    rows = {"kv": quantize.KV_QUANT_ROWS[128], "q": quantize.Q_QUANT_ROWS[128]}
-    assert rows["kv"] < 128 and rows["q"] < 64 and quantize.KV_STATS_SUB_ELEMS < 2048
+    def with_knob(on):
+        with tuning.override(quantization=changes[0 if on else 1]):
+            return ws()
+
     base, other = with_knob(False), with_knob(True)
     assert base.k_scale.isnan().sum() == 1
     for name in ("q8", "q_scale", "q_corr", "k8", "k_scale", "v8t", "v_scale", "v_mean"):
@@ -216,62 +218,66 @@ def test_kernel_choice_is_auto_by_default_and_named_kernels_are_checked(monkeypa
 
 
 def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(monkeypatch):
-    """``kernel_for`` on a (pretended) sm_90 GPU: long dense non-causal D=128 calls with the
-    int8-QK/fp8-PV recipes go to the Gluon kernel, everything else to the Triton one."""
+    """``kernel_for`` on a (pretended) sm_90 GPU: long dense non-causal calls at head dims up
+    to 128 with the one-term int8-QK/fp8-PV recipes go to the Gluon kernel on a verified Triton
+    release, everything else to the Triton one; the tiles follow the choice."""
     # imported (and cached) under the suite's interpreter setting, as a process would once
     assert attend._gluon_ws_module() is not None
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cap = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     gpu = torch.device("cuda", 0)
     default = get_recipe(DEFAULT_RECIPE)
-    n = attend.WS_MIN_KV_TOKENS[128]
+    here = (tuning.VerifiedRelease(attend.triton_release(), "(this test)", "", ""),)
+    floors = {dp: c.gluon_ws for dp, c in tuning.current().crossovers.items()}
 
-    def choice(head_dim=128, k_len=75600, causal=False, recipe=default, device=gpu):
-        return attend.kernel_for(head_dim, k_len, causal, recipe, device)
+    def choice(head_dim=128, k_len=75600, causal=False, recipe=default, device=gpu,
+               releases=here):
+        with tuning.override(gluon_releases=releases):
+            return attend.kernel_for(head_dim, k_len, causal, recipe, device)
 
     assert choice() == "gluon-ws"  # Wan 720p
-    assert choice(k_len=n) == "gluon-ws"
-    assert choice(k_len=n - 1) == "triton"  # Flux-like lengths measured slower on it
+    assert choice(k_len=floors[128]) == "gluon-ws"
+    assert choice(k_len=floors[128] - 1) == "triton"  # Flux-like lengths measured slower on it
     assert choice(head_dim=64, k_len=17776) == "gluon-ws"  # CogVideoX
-    assert choice(head_dim=64, k_len=attend.WS_MIN_KV_TOKENS[64] - 1) == "triton"
+    assert choice(head_dim=64, k_len=floors[64] - 1) == "triton"
     assert choice(head_dim=256) == "triton"  # not written for it
     assert choice(head_dim=72) == "gluon-ws"  # padded to 128
     assert choice(causal=True) == "triton"  # not measured
     assert choice(recipe=get_recipe("int8qk-bf16pv")) == "triton"  # not supported
     assert choice(recipe=get_recipe("int8x2qk-fp8pv")) == "triton"  # one int8 QK dot only
     assert choice(device=torch.device("cpu")) == "triton"
+    assert choice(releases=()) == "triton"  # a Triton not run on a GPU
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert choice() == "triton"
     monkeypatch.delenv("TRITON_INTERPRET")
     cap["value"] = (10, 0)
     assert choice() == "triton"
     cap["value"] = (9, 0)
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", ("0.0",))  # a Triton not run on a GPU
-    assert choice() == "triton"
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     for name in ("triton", "gluon-ws"):  # a named kernel is taken as asked
         monkeypatch.setenv("FP8DIT_KERNEL", name)
         assert choice(head_dim=64, k_len=100) == name
-    # The tiles follow the choice: 128-row work items for the Gluon kernel.
+    # The tiles follow the choice: 128-row work items, one program per SM for the Gluon kernel.
     monkeypatch.delenv("FP8DIT_KERNEL")
     monkeypatch.setattr(attend, "_sm_count", lambda index: 132)
-    assert attend.tile_config(128, gpu, "gluon-ws")["block_m"] == 128
-    assert attend.tile_config(128, gpu, "gluon-ws")["block_n"] == attend.WS_TILES[128]["block_n"]
-    assert attend.tile_config(128, gpu, "gluon-ws", is_causal=True)["block_n"] == 128
-    assert attend.tile_config(128, gpu, "triton")["block_m"] == 64
+    launch = attend.tile_config(128, gpu, "gluon-ws")
+    assert (launch.block_m, launch.num_programs) == (128, 132)
+    assert launch.block_n == tuning.current().gluon_tiles[128].block_n == 256
+    assert attend.tile_config(128, gpu, "gluon-ws", is_causal=True).block_n == 128
+    launch = attend.tile_config(128, gpu, "triton")
+    assert (launch.block_m, launch.num_programs) == (64, 264)
 
 
 def test_gluon_kernel_never_runs_off_an_sm90_gpu(monkeypatch):
     # Asked for, it still never runs off an sm_90 GPU (here: CPU tensors), and the plan keeps
     # the Triton kernel's tiles.
     monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
-    plan, cfg = attend.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
-                                head_dim=128, is_causal=False, device=torch.device("cpu"))
-    assert cfg["block_m"] == 64
-    assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu")) is None
+    plan, launch = attend.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
+                                   head_dim=128, is_causal=False, device=torch.device("cpu"))
+    assert launch.kernel == "triton" and plan.key.block_m == launch.block_m == 64
+    assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu"),
+                                 "gluon-ws") is None
 
 
 def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():
@@ -309,27 +315,25 @@ def _on_sm90() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="the warp-specialized kernel needs an sm_90 GPU")
 def test_split_kv_barriers_change_no_output_bit(monkeypatch):
-    """K and V of a ring slot on their own barriers (``sm90_split_kv``, the default at head dim
-    64) only change when the consumers wait, never a bit of the output or LSE: both head dims,
+    """K and V of a ring slot on their own barriers (``GluonTiles.split_kv``, the default at head
+    dim 64) only change when the consumers wait, never a bit of the output or LSE: both head dims,
     an odd length (a masked last 256-key step), a 3-way split, and varlen with an empty
     sequence, each against one barrier per slot."""
     import fp8dit
     from fp8dit.testing import make_qkv
 
     monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
-    tiles = {dp: dict(t) for dp, t in attend.WS_TILES.items()}
 
     def run(split, call):
-        for dp, t in tiles.items():
-            monkeypatch.setitem(attend.WS_TILES, dp, {**t, "sm90_split_kv": split})
-        return call()
+        with tuning.override(gluon_tiles={dp: dict(split_kv=split) for dp in (64, 128)}):
+            return call()
 
     for D in (64, 128):
         q, k, v = make_qkv(1, 2, 3001, D, device="cuda", seed=D)
-        plan, cfg = attend.plan_for([3001], [3001], varlen=False, num_heads=2, num_kv_heads=2,
-                                    head_dim=D, is_causal=False, device=q.device)
-        assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), q.device,
-                                     cfg["kernel"]) == "gluon-ws" and plan.key.block_n == 256
+        plan, launch = attend.plan_for([3001], [3001], varlen=False, num_heads=2,
+                                       num_kv_heads=2, head_dim=D, is_causal=False,
+                                       device=q.device)
+        assert launch.kernel == "gluon-ws" and plan.key.block_n == 256
         for splits in (None, 3):
             call = functools.partial(fp8dit.attention, q, k, v, backend="fp8",
                                      num_splits=splits, return_lse=True)

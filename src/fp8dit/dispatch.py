@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import env
+from . import env, tuning
 from .plan import MAX_HEAD_DIM, padded_head_dim
 
 logger = logging.getLogger("fp8dit")
@@ -93,21 +93,6 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
-# Padded head dims where the FP8 kernel is slower than cuDNN on the GPUs it was measured on
-# (H200, 2026-12-02, benchmarks/NOTES.md: D=256 at 0.62x of SDPA cuDNN, best tile config).
-FP8_SLOWER_HEAD_DIMS = (256,)
-# Below these effective lengths (tokens; key: padded head dim) quantization and launches cost
-# more than FP8 saves: measured crossovers against SDPA cuDNN on the H200 (benchmarks/NOTES.md).
-# On the warp-specialized kernel (run s14-3, `benchmarks/gpu_crossover.py`, end to end): D=128,
-# 24 heads: 0.44x at 4,608 tokens (Flux), 1.36x at 8,192, 1.49x at 16,896; D=64, 48 heads:
-# 1.14x at 8,192 and 12,288, 1.28x at 17,776 (CogVideoX). On the Triton kernel, which runs
-# where that one does not (causal calls, GPUs other than Hopper, unverified Triton releases):
-# D=128 1.08x at 8,192 (1.03x in session 2); D=64 1.00x at 8,192, 0.98x at 12,288, 1.12x at
-# 17,776. Cross-attention to short text keys (Wan: 512, ~1,000 effective tokens) lands here.
-FP8_MIN_TOKENS = {64: 8192, 128: 8192}
-FP8_MIN_TOKENS_TRITON_KERNEL = {64: 17000, 128: 8192}
-
-
 def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
     """Whether ``attend.kernel_for`` will pick the warp-specialized kernel for a dense call:
     its conditions that the call's tensors decide (non-causal, Hopper, a Triton release it was
@@ -117,7 +102,8 @@ def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
     if is_causal or env.attention_kernel() not in ("auto", "gluon-ws"):
         return False
     return (_capability(q.device.index or 0) == (9, 0)
-            and attend.triton_release() in attend.WS_VERIFIED_TRITON)
+            and any(r.triton == attend.triton_release()
+                    for r in tuning.current().gluon_releases))
 
 
 def effective_tokens(q_lens, k_lens) -> float:
@@ -132,14 +118,14 @@ def fp8_not_preferred_reason(q, k, v, is_causal=False, tokens=None) -> str | Non
     if q.device.type != "cuda":
         return None
     dp = padded_head_dim(q.shape[-1])
-    if dp in FP8_SLOWER_HEAD_DIMS:
-        return (f"head_dim {q.shape[-1]} runs in 256-wide tiles, where the FP8 kernel measured "
-                "0.62x the speed of SDPA cuDNN on an H200; backend='fp8' still runs it")
+    cross = tuning.current().crossovers[dp]
+    if cross.triton is None:
+        return (f"head_dim {q.shape[-1]} runs in {dp}-wide tiles, where FP8 measured slower "
+                f"than SDPA cuDNN ({cross.measured}); backend='fp8' still runs it")
     if tokens is None:
         return None
-    floors = (FP8_MIN_TOKENS if _warp_specialized_kernel_likely(q, is_causal)
-              else FP8_MIN_TOKENS_TRITON_KERNEL)
-    floor = floors.get(dp)
+    floor = (cross.gluon_ws if _warp_specialized_kernel_likely(q, is_causal)
+             else cross.triton)
     if floor is not None and tokens < floor:
         return (f"sequence too short for FP8 to pay: {tokens:.0f} effective tokens, under the "
                 f"{floor} where it measured faster than SDPA cuDNN on an H200 at head_dim <= "

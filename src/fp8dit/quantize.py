@@ -1,11 +1,11 @@
 """Host side of the fused quantization: the plan-sized workspace and the launches of
 :mod:`fp8dit.kernels.quantize` (channel statistics -> K/V -> Q) that fill it.
 
-The attention launches (:mod:`fp8dit.attend`) read the workspace. The launch shape here (rows
-per program, the statistics pass's sub-tile and warps) was measured on the H200 and changes
-speed only: the workspace stays bitwise the same, except that the statistics' sub-tile sets the
-order of its fp32 sums (the channel means' last bits). ``tests/test_sm90_gluon.py`` runs the
-GPU's sizes against the interpreter's.
+The attention launches (:mod:`fp8dit.attend`) read the workspace. The launch shape (rows per
+program, the statistics pass's sub-tile and warps) is :class:`fp8dit.tuning.Quantization`: it
+changes speed only, the workspace stays bitwise the same, except that the statistics' sub-tile
+sets the order of its fp32 sums (the channel means' last bits). ``tests/test_sm90_gluon.py``
+runs the GPU's sizes against the interpreter's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import env
+from . import env, tuning
 from .kernels.quantize import (
     N_STATS,
     ROPE_FOUR,
@@ -50,26 +50,6 @@ def hadamard(n: int, device: torch.device) -> torch.Tensor:
             h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
         h = _HADAMARD[key] = (h / n ** 0.5).to(device=device, dtype=torch.float32)
     return h
-
-
-# Rows per quantize_kv program, by padded head dim, when one K scale spans a longer kv block:
-# the block's amax then comes from the channel-statistics pass (``KAMAX_FROM_STATS``), bitwise
-# the same scale; absent or 0: programs span the block. H200, 2026-12-03, quantize_kv alone:
-# Wan 720p 0.71 ms with 32 rows against 0.79 with 64 and 1.23 with 256; CogVideoX (D=64)
-# 0.103 with 64 rows against 0.169 with 256.
-KV_QUANT_ROWS: dict[int, int] = {128: 32, 64: 64}
-# Warps of the channel-statistics pass (H200, 2026-12-03: 8 slower).
-KV_STATS_WARPS = 4
-# Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim).
-# H200, 2026-12-03, Wan 720p: 4-row sub-tiles 0.61 ms against 0.68 for 8 rows and 0.86 for 16.
-KV_STATS_SUB_ELEMS = 512
-# Under Triton's interpreter every loop step costs Python time: 4-row sub-tiles made a 65k-token
-# CPU test take 66 s instead of 28. The sub-tile only changes the order of the fp32 sums (the
-# means' last bits); tests/test_sm90_gluon.py runs the GPU's size against this one.
-KV_STATS_SUB_ELEMS_INTERPRET = 2048
-# Rows per quantize_q program, by padded head dim; absent: the plan's query tile (block_m).
-# H200, 2026-12-03: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; D=64 no faster.
-Q_QUANT_ROWS: dict[int, int] = {128: 32}
 
 
 @dataclass
@@ -126,12 +106,13 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
     qk_dtype = torch.int8 if qk_int8 else FP8
+    quant = tuning.current().quantization
     # One K scale per kv block, the warp-specialized kernel's 256-key blocks included (H200,
     # 2026-12-03: 836 / 844 TFLOPS at Wan 720p / HunyuanVideo against 802 / 804 with one per
     # 128 keys). Over more rows than a quantize_kv program holds, the block's amax comes from
     # the statistics pass (not with rotation, whose amax is taken after the rotation, nor with
     # tensor-wide scales).
-    kv_rows = KV_QUANT_ROWS.get(Dp, 0)
+    kv_rows = quant.kv_rows.get(Dp, 0)
     kamax_stats = (0 < kv_rows < BN and BN % kv_rows == 0
                    and plan.stats_chunk % BN == 0
                    and not recipe.rotate and not tensor_scales)
@@ -181,9 +162,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             k, v, stats, tabs["seq"], *k_strides, *v_strides, plan.n_chunks, D,
             kblk, plan.n_kblocks,
             DP=Dp, CHUNK=plan.stats_chunk,
-            SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
+            SUB=(quant.stats_sub_elems_interpret if soft else quant.stats_sub_elems) // Dp,
             KBLK=BN if kamax_stats else 0,
-            num_warps=KV_STATS_WARPS, SOFT_CAST=soft, **rope_args,
+            num_warps=quant.stats_warps, SOFT_CAST=soft, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
@@ -202,7 +183,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             num_warps=tile_warps(rows, Dp), **rope_args,
         )
     if plan.max_q_blocks:
-        q_rows = Q_QUANT_ROWS.get(Dp, BM)
+        q_rows = quant.q_rows.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
         quantize_q_kernel[grid(plan.max_q_blocks * q_sub, H)](
             q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,

@@ -11,12 +11,12 @@ same K/V tiles, loaded once by a producer warp into a ring of ``STAGES`` slots. 
 warpgroups run free of each other: taking turns to issue their dots (FlashAttention-3's
 ping-pong) measured 3% slower (H200, 2026-12-02: 728-736 against 751-758 TFLOPS at Wan 720p).
 
-128-key steps (causal calls, ``attend.WS_CAUSAL_TILES``): inside a warpgroup the softmax of
+128-key steps (causal calls, ``tuning.gluon_causal_tiles``): inside a warpgroup the softmax of
 block j runs under the PV dot of block j-1 (``_consumer_step``), and each block's PV sum is
 folded into an fp32 sum (with the sum in the tensor core's narrower accumulator the output
 drifted at 200k tokens: rel-L1 0.0495 against 0.0390, H200, 2026-12-02).
 
-256-key steps (the default, ``attend.WS_TILES``): a loop step covers 256 keys as two dots
+256-key steps (the default, ``tuning.gluon_tiles``): a loop step covers 256 keys as two dots
 of 128 over two 128-key K and V^T tiles per ring slot, and both PV dots are waited for inside
 the step (``_consumer_step_wide``): per key, half the max reductions, rescales, folds, barriers
 and ring bookkeeping of the 128-key loop, at the cost of the in-warpgroup PV overlap, which the
@@ -45,7 +45,7 @@ Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     q_empty      consumers -> producer: both warpgroups are done with the item's Q (count 2)
 
 Gluon's API is experimental and moves between Triton releases: ``FP8DIT_KERNEL=auto`` runs this
-kernel only on the releases in ``attend.WS_VERIFIED_TRITON`` (the CPU interpreter cannot run
+kernel only on the releases in ``tuning.DEFAULT.gluon_releases`` (the CPU interpreter cannot run
 Gluon).
 """
 

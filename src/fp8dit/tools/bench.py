@@ -198,7 +198,7 @@ class Case:
     device: torch.device
     recipe: str
     sets: list  # [(q, k, v)] in ``layout``
-    _staged: tuple | None = None  # (plan, cfg, recipe, scale, [Staged per set])
+    _staged: tuple | None = None  # (plan, launch, recipe, scale, [Staged per set], sm90)
     _cudnn_fp8: object = None  # cudnn_fp8.CudnnFp8Attention, built by the first cuDNN FP8 row
 
     def swap_hn(self, t):
@@ -217,20 +217,20 @@ class Case:
 
             B, H, S, D = self.shape.B, self.shape.H, self.shape.S, self.shape.D
             rec, scale = get_recipe(self.recipe), 1.0 / math.sqrt(D)
-            plan, cfg = attend.plan_for(
+            plan, launch = attend.plan_for(
                 [S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H, head_dim=D,
                 is_causal=False, device=self.device, recipe=rec,
             )
-            sm90 = attend.use_gluon_sm90(plan, rec, self.device, cfg.get("kernel"))
+            sm90 = attend.use_gluon_sm90(plan, rec, self.device, launch.kernel)
             staged = []
             for q, k, v in self.sets:
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=self.device, dtype=torch.float32)
                 st = tuple(attend._bthd_strides(t, self.layout) for t in (q, k, v, out))
                 ws = quantize.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
-                                          kv_perm16=sm90 is not None)
+                                             kv_perm16=sm90 is not None)
                 staged.append(Staged((q, k, v), st, ws, out, lse))
-            self._staged = (plan, cfg, rec, scale, staged, sm90)
+            self._staged = (plan, launch, rec, scale, staged, sm90)
         return self._staged
 
 
@@ -257,12 +257,13 @@ def _make_fp8dit_auto(case: Case):
 def _make_fp8dit_kernel(case: Case):
     from ..attend import attention_stage
 
-    plan, cfg, _, _, staged, sm90 = case.staged()
+    plan, launch, _, _, staged, sm90 = case.staged()
 
     def fn(i):
         x = staged[i]
         lse_strides = (x.lse.stride(0), x.lse.stride(1), x.lse.stride(2))
-        attention_stage(plan, cfg, x.ws, x.out, x.strides[3], x.lse, lse_strides, sm90=sm90)
+        attention_stage(plan, launch, x.ws, x.out, x.strides[3], x.lse, lse_strides,
+                        sm90=sm90)
         return x.out
 
     def poisoned_fn(i):  # the check call: every output element must be written by the kernel
@@ -464,7 +465,7 @@ def _time_gpu(fn, n_sets: int, warmup: int, repeats: int, max_ms: float, est: fl
 
 class _GpuClocks:
     """SM clock, board power and power-cap flag sampled by ``nvidia-smi -lms`` while a backend
-    is timed. Why: an H200 running these kernels sits at its 700 W cap (run s13-2: the FP8
+    is timed. Why: an H200 running these kernels sits at its 700 W cap (2026-12-03: the FP8
     kernel at ~1.82 GHz, cuDNN at ~1.65 GHz), so a time is only comparable with its clock next
     to it. Without nvidia-smi every figure is None."""
 
@@ -622,7 +623,7 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
 
 def _time_rounds(ready, shape, n_sets, warmup, repeats, max_ms, rounds, device) -> None:
     """Times every ready (row, fn, first-call ms) in ``rounds`` rounds whose order rotates, so
-    a GPU that warms up, or sits at its power cap, weighs on every backend alike (run s13-2:
+    a GPU that warms up, or sits at its power cap, weighs on every backend alike (H200, 2026-12-03:
     the FP8 kernel slowed 116 -> 119 ms over 40 s of Wan 720p calls while cuDNN held 208 ms;
     one block per backend, in a fixed order, favoured whichever ran first). ``row.ms`` is the
     median of the rounds' medians, each round ``repeats / rounds`` runs long."""
@@ -773,8 +774,7 @@ def gpu_slug(name: str) -> str:
 
 def _git_commit() -> str | None:
     # FP8DIT_COMMIT first: a copy of a working tree (the lent GPU machine's) can carry a .git
-    # whose HEAD is older than the files it runs (session 4's rows named the session's first
-    # commit).
+    # whose HEAD is older than the files it runs (rows then named an older commit).
     if os.environ.get("FP8DIT_COMMIT"):
         return os.environ["FP8DIT_COMMIT"]
     try:
