@@ -4,7 +4,7 @@ quantization it reads.
 Gluon does not run in Triton's interpreter, so on CPU this checks what can be checked without a
 GPU: the quantizer's layouts the kernel relies on (interpreter), that the kernel compiles for
 sm_90 with this Triton and that its kv loops use the Hopper tensor-core MMAs without spilling
-(SASS), and where ``attend.kernel_for`` runs it. Its outputs were compared with the Triton
+(SASS), and where ``dispatch.choose_kernel`` runs it. Its outputs were compared with the Triton
 kernel's and fp64 on the H200 (tests/test_attention_fp8.py's GPU tests).
 """
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 
-from fp8dit import attend, env, quantize, tuning
+from fp8dit import attend, dispatch, env, quantize, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
 
 
@@ -218,24 +218,22 @@ def test_kernel_choice_is_auto_by_default_and_named_kernels_are_checked(monkeypa
 
 
 def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(monkeypatch):
-    """``kernel_for`` on a (pretended) sm_90 GPU: long dense non-causal calls at head dims up
-    to 128 with the one-term int8-QK/fp8-PV recipes go to the Gluon kernel on a verified Triton
-    release, everything else to the Triton one; the tiles follow the choice."""
-    # imported (and cached) under the suite's interpreter setting, as a process would once
-    assert attend._gluon_ws_module() is not None
+    """``dispatch.choose_kernel`` on a (pretended) sm_90 GPU: long dense non-causal calls at
+    head dims up to 128 with the one-term int8-QK/fp8-PV recipes go to the Gluon kernel on a
+    verified Triton release, everything else to the Triton one; the tiles follow the choice."""
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cap = {"value": (9, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
+    monkeypatch.setattr(dispatch, "_capability", lambda index: cap["value"])
     gpu = torch.device("cuda", 0)
     default = get_recipe(DEFAULT_RECIPE)
-    here = (tuning.VerifiedRelease(attend.triton_release(), "(this test)", "", ""),)
+    here = (tuning.VerifiedRelease(dispatch.triton_release(), "(this test)", "", ""),)
     floors = {dp: c.gluon_ws for dp, c in tuning.current().crossovers.items()}
 
     def choice(head_dim=128, k_len=75600, causal=False, recipe=default, device=gpu,
                releases=here):
         with tuning.override(gluon_releases=releases):
-            return attend.kernel_for(head_dim, k_len, causal, recipe, device)
+            return dispatch.choose_kernel(head_dim, k_len, causal, recipe, device)[0]
 
     assert choice() == "gluon-ws"  # Wan 720p
     assert choice(k_len=floors[128]) == "gluon-ws"
@@ -257,7 +255,10 @@ def test_auto_runs_the_warp_specialized_kernel_only_where_it_measured_faster(mon
     cap["value"] = (9, 0)
     for name in ("triton", "gluon-ws"):  # a named kernel is taken as asked
         monkeypatch.setenv("FP8DIT_KERNEL", name)
-        assert choice(head_dim=64, k_len=100) == name
+        assert choice(head_dim=64, k_len=100, causal=True, releases=()) == name
+    # ... where it can run; elsewhere the reason says why not
+    kernel, why = dispatch.choose_kernel(128, 100, False, get_recipe("int8qk-bf16pv"), gpu)
+    assert kernel == "triton" and "FP8DIT_KERNEL=gluon-ws" in why and "int8qk-bf16pv" in why
     # The tiles follow the choice: 128-row work items, one program per SM for the Gluon kernel.
     monkeypatch.delenv("FP8DIT_KERNEL")
     monkeypatch.setattr(attend, "_sm_count", lambda index: 132)
@@ -276,8 +277,6 @@ def test_gluon_kernel_never_runs_off_an_sm90_gpu(monkeypatch):
     plan, launch = attend.plan_for([256], [256], varlen=False, num_heads=2, num_kv_heads=2,
                                    head_dim=128, is_causal=False, device=torch.device("cpu"))
     assert launch.kernel == "triton" and plan.key.block_m == launch.block_m == 64
-    assert attend.use_gluon_sm90(plan, get_recipe(DEFAULT_RECIPE), torch.device("cpu"),
-                                 "gluon-ws") is None
 
 
 def test_gluon_kernel_compiles_for_sm90_with_tensor_core_loops():

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import env, tuning
+from . import dispatch, env, tuning
+from .dispatch import BackendUnavailableError
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import SEQ_FIELDS, SEQ_K_LEN
 from .merge import merge_stage
 from .plan import Plan, PlanKey, get_plan, padded_head_dim
 from .quantize import Workspace, quantize_stage
-from .recipes import Recipe, get_recipe
+from .recipes import Recipe
 from .tuning import GluonTiles, TritonTiles
 
 
@@ -33,8 +34,8 @@ def _sm_count(device_index: int) -> int:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How the attention of one plan launches: the kernel (:func:`kernel_for`), its tiles
-    (:mod:`fp8dit.tuning`), and the number of persistent programs."""
+    """How the attention of one plan launches: the kernel (:func:`fp8dit.dispatch.choose_kernel`),
+    its tiles (:mod:`fp8dit.tuning`), and the number of persistent programs."""
 
     kernel: str  # "triton" or "gluon-ws"
     block_m: int  # query rows per work item
@@ -49,50 +50,6 @@ GLUON_WS_BLOCK_M = 128
 GLUON_WS_PROGRAMS_PER_SM = 1
 
 
-# Triton's release as "major.minor", read once. A dict, not functools.cache: dispatch asks for
-# it from code that torch.compile traces, and dynamo does not trace through cache wrappers.
-_TRITON_RELEASE: dict[str, str] = {}
-
-
-def triton_release() -> str:
-    if "v" not in _TRITON_RELEASE:
-        import triton
-
-        _TRITON_RELEASE["v"] = ".".join(triton.__version__.split(".")[:2])
-    return _TRITON_RELEASE["v"]
-
-
-def kernel_for(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
-               device: torch.device) -> str:
-    """The attention kernel a call runs: ``FP8DIT_KERNEL`` when it names one, else (``auto``)
-    the warp-specialized Gluon kernel where it measured faster (from
-    ``tuning.Crossover.gluon_ws`` keys, on a release in ``tuning.gluon_releases``), the Triton
-    kernel elsewhere.
-
-    A named Gluon kernel may still fall back to the Triton one at launch (``use_gluon_sm90``).
-    """
-    kernel = env.attention_kernel()
-    if kernel != "auto":
-        return kernel
-    recipe = recipe if recipe is not None else get_recipe(None)
-    dp = padded_head_dim(head_dim)
-    tuned = tuning.current()
-    floor = tuned.crossovers[dp].gluon_ws
-    if (dp in tuned.gluon_tiles and floor is not None and max_k_len >= floor
-            and not is_causal
-            and recipe.qk == "int8" and recipe.qk_terms == 1 and recipe.pv == "fp8"
-            and _gluon_ws_possible(device)
-            and any(r.triton == triton_release() for r in tuned.gluon_releases)
-            and _gluon_ws_module() is not None):
-        return "gluon-ws"
-    return "triton"
-
-
-def _gluon_ws_possible(device: torch.device) -> bool:
-    return (device.type == "cuda" and not env.triton_interpret()
-            and torch.cuda.get_device_capability(device) == (9, 0))
-
-
 def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "triton",
                 recipe: Recipe | None = None, is_causal: bool = False) -> LaunchConfig:
     """The launch of a padded head dim's calls on ``kernel`` (the plan's block sizes come from
@@ -100,14 +57,10 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "trito
     warp-specialized kernel; for the Triton kernel ``tuning.tiles``, or ``two_term_tiles`` for
     a two-term ``recipe`` where it has them."""
     tuned = tuning.current()
-    one_term_fp8 = recipe is None or (recipe.qk == "int8" and recipe.qk_terms == 1
-                                      and recipe.pv == "fp8")
-    if (kernel == "gluon-ws" and head_dim_padded in tuned.gluon_tiles and one_term_fp8
-            and _gluon_ws_possible(device)):
+    if kernel == "gluon-ws":
         tiles = (tuned.gluon_causal_tiles if is_causal else tuned.gluon_tiles)[head_dim_padded]
         block_m, per_sm = GLUON_WS_BLOCK_M, GLUON_WS_PROGRAMS_PER_SM
     else:
-        kernel = "triton"
         tiles = tuned.tiles[head_dim_padded]
         if recipe is not None and recipe.qk_terms == 2:
             tiles = tuned.two_term_tiles.get(head_dim_padded, tiles)
@@ -123,12 +76,15 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "trito
 def plan_for(
     q_lens, k_lens, *, varlen: bool, num_heads: int, num_kv_heads: int, head_dim: int,
     is_causal: bool, device: torch.device, num_splits: int | None = None,
-    num_programs: int | None = None, recipe: Recipe | None = None,
+    num_programs: int | None = None, recipe: Recipe | None = None, kernel: str | None = None,
 ) -> tuple[Plan, LaunchConfig]:
-    """The cached plan of a call and its launch. ``recipe``: the call's (None: the default),
-    which decides with the shape which kernel runs (``kernel_for``)."""
+    """The cached plan of a call and its launch. ``recipe``: the call's (None: the default).
+    ``kernel``: what :func:`fp8dit.dispatch.choose` chose for the call (None: chosen here, by
+    :func:`fp8dit.dispatch.choose_kernel`)."""
     dp = padded_head_dim(head_dim)
-    kernel = kernel_for(dp, max((int(x) for x in k_lens), default=0), is_causal, recipe, device)
+    if kernel is None:
+        kernel, _ = dispatch.choose_kernel(head_dim, max((int(x) for x in k_lens), default=0),
+                                           is_causal, recipe, device)
     launch = tile_config(dp, device, kernel, recipe, is_causal)
     key = PlanKey(
         q_lens=tuple(int(x) for x in q_lens),
@@ -147,33 +103,17 @@ def plan_for(
     return get_plan(key), launch
 
 
-@functools.cache
-def _gluon_ws_module():
-    """The warp-specialized kernel's module, or None where this Triton has no (compatible)
-    Gluon."""
+def _import_gluon_ws():
+    """The warp-specialized kernel, imported on its first launch. Gluon is experimental: a
+    Triton release may lack what it uses (``auto`` runs it only on verified releases)."""
     try:
-        from .kernels import attention_sm90_ws
-    except Exception:  # noqa: BLE001 - an experimental API: any import failure means "absent"
-        return None
-    return attention_sm90_ws
-
-
-def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device, kernel: str) -> str | None:
-    """"gluon-ws" when this call runs the warp-specialized Gluon Hopper kernel, else None
-    (Triton). ``kernel``: the choice ``plan_for`` made (its launch's). Only on an sm_90 GPU,
-    for int8 QK + fp8 PV at padded head dims 64/128 and the tile shape it was written for;
-    everything else, the CPU interpreter included, runs the Triton kernel."""
-    key = plan.key
-    if device.type != "cuda" or env.triton_interpret() or kernel != "gluon-ws":
-        return None
-    if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
-        return None
-    if (plan.head_dim_padded not in (64, 128) or key.block_m != GLUON_WS_BLOCK_M
-            or key.block_n not in (128, 256)):
-        return None
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return None
-    return kernel if _gluon_ws_module() is not None else None
+        from .kernels.attention_sm90_ws import attention_fwd_sm90_ws_kernel
+    except Exception as e:  # noqa: BLE001 - any import failure means "not on this Triton"
+        raise BackendUnavailableError(
+            f"the warp-specialized Gluon kernel does not import with triton "
+            f"{dispatch.triton_release()} ({type(e).__name__}: {e}); FP8DIT_KERNEL=triton runs "
+            "the Triton kernel") from e
+    return attention_fwd_sm90_ws_kernel
 
 
 def gluon_ws_constexprs(head_dim_padded: int, tiles: GluonTiles, is_causal: bool) -> dict:
@@ -193,10 +133,13 @@ def _attention_gluon_ws(plan: Plan, launch: LaunchConfig, ws: Workspace, tabs,
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    kernel = _gluon_ws_module().attention_fwd_sm90_ws_kernel
+    kernel = _import_gluon_ws()
     key = plan.key
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BN = plan.head_dim_padded, key.block_n
+    if key.block_m != GLUON_WS_BLOCK_M or BN not in (128, 256):
+        raise ValueError(f"the warp-specialized kernel takes {GLUON_WS_BLOCK_M}-row work items "
+                         f"and kv blocks of 128 or 256 keys, this plan {key.block_m} x {BN}")
 
     def desc(t, block, dtype):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
@@ -219,14 +162,13 @@ def _attention_gluon_ws(plan: Plan, launch: LaunchConfig, ws: Workspace, tabs,
 
 
 def attention_stage(plan: Plan, launch: LaunchConfig, ws: Workspace,
-                    out, out_strides, lse, lse_strides, sm90: str | None = None,
-                    tabs: dict | None = None) -> None:
+                    out, out_strides, lse, lse_strides, tabs: dict | None = None) -> None:
     """Persistent attention over the plan's work list, then the split-KV merge."""
     key = plan.key
     tabs = tabs or plan.tables(out.device)
     H, Hkv, D = key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
-    if plan.n_work and sm90:
+    if plan.n_work and launch.kernel == "gluon-ws":
         _attention_gluon_ws(plan, launch, ws, tabs, out, out_strides, lse, lse_strides)
     elif plan.n_work:
         tiles = launch.tiles
@@ -294,12 +236,10 @@ def launch_fp8_attention(
         tabs["seq"] = seq.view(-1)
     # Triton launches on the current CUDA device, not on the tensors' one.
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
-        sm90 = use_gluon_sm90(plan, recipe, q.device, launch.kernel)
         ws = quantize_stage(plan, recipe, scale, q, q_strides, k, k_strides, v, v_strides,
-                            kv_perm16=sm90 is not None, tabs=tabs, rope=rope,
+                            kv_perm16=launch.kernel == "gluon-ws", tabs=tabs, rope=rope,
                             rope_start=rope_start)
-        attention_stage(plan, launch, ws, out, out_strides, lse, lse_strides, sm90=sm90,
-                        tabs=tabs)
+        attention_stage(plan, launch, ws, out, out_strides, lse, lse_strides, tabs=tabs)
 
 
 def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
@@ -314,7 +254,7 @@ def _bthd_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def fp8_attention_fwd(
     q, k, v, *, layout: str, scale: float, is_causal: bool, recipe: Recipe,
     num_splits: int | None = None, k_lens=None, device_k_lens: torch.Tensor | None = None,
-    rope: torch.Tensor | None = None, rope_start: int = 0,
+    rope: torch.Tensor | None = None, rope_start: int = 0, kernel: str | None = None,
 ):
     """Dense FP8 attention; returns (out in q's layout and dtype, lse [B, H, Sq] fp32).
 
@@ -325,7 +265,7 @@ def fp8_attention_fwd(
     the host never reads (CUDA-graph capture): the plan is the one for all ``Sk`` keys, built
     beforehand (:func:`launch_fp8_attention`). ``rope``: rotary tables
     (:func:`fp8dit.rope.rope_tables`, Sq == Sk) that Q and K are rotated by first, from token
-    ``rope_start`` on."""
+    ``rope_start`` on. ``kernel``: :func:`fp8dit.dispatch.choose`'s (None: chosen here)."""
     if layout == "NHD":
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -344,6 +284,7 @@ def fp8_attention_fwd(
     plan, launch = plan_for(
         [Sq] * B, k_lens, varlen=False, num_heads=H, num_kv_heads=Hkv, head_dim=D,
         is_causal=is_causal, device=q.device, num_splits=num_splits, recipe=recipe,
+        kernel=kernel,
     )
     if plan.needs_zero_fill:
         out.zero_()
@@ -361,9 +302,10 @@ def fp8_attention_fwd(
 
 def fp8_attention_varlen_fwd(
     q, k, v, q_lens, k_lens, *, scale: float, is_causal: bool, recipe: Recipe,
-    num_splits: int | None = None,
+    num_splits: int | None = None, kernel: str | None = None,
 ):
-    """Packed [T, H, D] FP8 attention; returns (out [Tq, H, D], lse [H, Tq] fp32)."""
+    """Packed [T, H, D] FP8 attention; returns (out [Tq, H, D], lse [H, Tq] fp32).
+    ``kernel``: :func:`fp8dit.dispatch.choose`'s (None: chosen here)."""
     T, H, D = q.shape
     Hkv = k.shape[1]
     out = torch.empty_like(q)
@@ -373,6 +315,7 @@ def fp8_attention_varlen_fwd(
     plan, launch = plan_for(
         q_lens, k_lens, varlen=True, num_heads=H, num_kv_heads=Hkv, head_dim=D,
         is_causal=is_causal, device=q.device, num_splits=num_splits, recipe=recipe,
+        kernel=kernel,
     )
     if plan.needs_zero_fill:
         out.zero_()

@@ -5,8 +5,8 @@ Every value changes speed only, never a result bit (one exception, said where it
 statistics pass's sub-tile sets the order of fp32 sums, the channel means' last bits). Each
 carries the measurement that chose it (``measured``: GPU, date, what was compared). Readers:
 :mod:`fp8dit.attend` (tiles), :mod:`fp8dit.quantize` (the quantization's launches),
-:mod:`fp8dit.key_padding` (the mask-reading kernels), :mod:`fp8dit.dispatch` (which backend a
-call runs) and :func:`fp8dit.attend.kernel_for` (which kernel).
+:mod:`fp8dit.key_padding` (the mask-reading kernels) and :func:`fp8dit.dispatch.choose`
+(which backend and kernel a call runs).
 
 Benchmarks and tests vary it for a block of code, in this thread or task only::
 
@@ -42,8 +42,8 @@ __all__ = [
 
 class Table(Mapping):
     """An immutable mapping (a padded head dim, or a field name, to its entry) that
-    torch.compile traces through: :mod:`fp8dit.dispatch` reads these tables in compiled
-    code, and a ``MappingProxyType`` breaks the graph when any dict changes during
+    torch.compile traces through: :func:`fp8dit.dispatch.choose` reads these tables in
+    compiled code, and a ``MappingProxyType`` breaks the graph when any dict changes during
     the trace."""
 
     __slots__ = ("_items",)
