@@ -771,8 +771,8 @@ def gpu_slug(name: str) -> str:
 
 
 def _git_commit() -> str | None:
-    # FP8DIT_COMMIT first: a copy of a working tree (the lent GPU machine's) can carry a .git
-    # whose HEAD is older than the files it runs (rows then named an older commit).
+    # FP8DIT_COMMIT first: a copy of a working tree (a GPU machine's) can carry a .git whose
+    # HEAD is older than the files it runs, and its rows would name that older commit.
     if os.environ.get("FP8DIT_COMMIT"):
         return os.environ["FP8DIT_COMMIT"]
     try:
