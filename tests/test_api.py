@@ -263,15 +263,17 @@ def test_choice_names_the_kernel_and_traces_without_a_graph_break(monkeypatch):
     gpu = torch.device("cuda", 0)
 
     def f(x):
-        kernel, _ = dispatch.choose_kernel(128, 75600, False, None, gpu)
-        return x + 1 if kernel == "gluon-ws" else x - 1
+        kernel, why = dispatch.choose_kernel(128, 75600, False, None, gpu)
+        return x + 1 if kernel == "gluon-ws" else x - len(why)
 
-    with tuning.override(gluon_releases=(tuning.VerifiedRelease(
-            dispatch.triton_release(), "(this test)", "", ""),)):
-        monkeypatch.setattr(dispatch, "_TRITON_RELEASE", {})
-        torch._dynamo.reset()
-        assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2)),
-                           torch.ones(2))
+    here = tuning.VerifiedRelease(dispatch.triton_release(), "(this test)", "", "")
+    for releases, expected in (((here,), 1.0), ((), None)):  # verified here, or not
+        with tuning.override(gluon_releases=releases):
+            monkeypatch.setattr(dispatch, "_TRITON_RELEASE", {})
+            torch._dynamo.reset()
+            out = torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2))
+            assert torch.equal(out, f(torch.zeros(2)))
+            assert (out[0] == expected) if expected else (out[0] < 0)
 
 
 def test_sampled_rows_reference_matches_the_full_one():
