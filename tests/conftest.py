@@ -52,7 +52,7 @@ def explain_with_fp8dit(model, inputs: dict):
 @pytest.fixture
 def fp8_at_any_length(monkeypatch):
     """On a GPU, ``auto`` sends short sequences (these tests' tiny models) to SDPA
-    (``dispatch.FP8_MIN_TOKENS``): FP8DIT_BACKEND=fp8 makes ``auto`` run them FP8, as the
+    (``tuning.Crossover``): FP8DIT_BACKEND=fp8 makes ``auto`` run them FP8, as the
     interpreter does on a CPU. Tests of the FP8 path through auto use it."""
     if _HAS_CUDA:
         monkeypatch.setenv("FP8DIT_BACKEND", "fp8")

@@ -187,74 +187,93 @@ def test_opcheck_custom_ops():
 
 def test_auto_preferences_follow_the_measured_crossovers(monkeypatch):
     """On CUDA, auto skips FP8 where it measured slower than SDPA cuDNN (short sequences,
-    head dims padded to 256); CPU (interpreter) runs are never redirected."""
+    head dims padded to 256), at the crossover of the kernel that would run; CPU (interpreter)
+    runs are never redirected."""
     from types import SimpleNamespace
 
-    from fp8dit import attend, dispatch
+    from fp8dit import dispatch, tuning
+    from fp8dit.recipes import get_recipe
 
     cap = {"value": (9, 0)}
     monkeypatch.setattr(dispatch, "_capability", lambda index: cap["value"])
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the pretended GPU runs Gluon
+    def verified():  # this Triton release taken as one the Gluon kernel was verified on
+        return tuning.override(gluon_releases=(
+            tuning.VerifiedRelease(dispatch.triton_release(), "(this test)", "", ""),))
+    crossovers = tuning.current().crossovers
 
     def fake(d, device="cuda"):
-        return SimpleNamespace(device=torch.device(device), shape=(1, 8, 2, d))
+        return SimpleNamespace(device=torch.device(device, 0) if device == "cuda"
+                               else torch.device(device), shape=(1, 8, 2, d))
 
-    # D=64 pays from 8,192 tokens on the warp-specialized kernel (Hopper, non-causal) and
-    # only from 17,000 where the Triton kernel runs (causal, another GPU, another Triton)
-    q64, n64 = fake(64), dispatch.FP8_MIN_TOKENS[64]
-    assert n64 < dispatch.FP8_MIN_TOKENS_TRITON_KERNEL[64]
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64) is None
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64 - 1)
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, True, n64)
-    monkeypatch.setenv("FP8DIT_KERNEL", "triton")
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    monkeypatch.delenv("FP8DIT_KERNEL")
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", ("0.1",))  # not this release
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
-    cap["value"] = (8, 0)
-    assert dispatch.fp8_not_preferred_reason(q64, q64, q64, False, n64)
-    assert dispatch.fp8_not_preferred_reason(
-        q64, q64, q64, False, dispatch.FP8_MIN_TOKENS_TRITON_KERNEL[64]) is None
-    cap["value"] = (9, 0)
+    def preferred(q, tokens, is_causal=False, recipe=None):
+        kernel, _ = dispatch.choose_kernel(q.shape[-1], int(tokens), is_causal, recipe,
+                                           q.device)
+        return dispatch.fp8_not_preferred_reason(q, kernel, tokens) is None
 
-    floor = dispatch.FP8_MIN_TOKENS[128]
+    # D=64 pays from 8,192 tokens on the warp-specialized kernel (Hopper, non-causal, a verified
+    # Triton) and only from 17,000 where the Triton kernel runs (causal, another GPU, another
+    # Triton, a recipe the Gluon kernel does not run)
+    q64, n64 = fake(64), crossovers[64].gluon_ws
+    assert n64 < crossovers[64].triton
+    with verified():
+        assert preferred(q64, n64) and not preferred(q64, n64 - 1)
+        assert not preferred(q64, n64, is_causal=True)
+        assert not preferred(q64, n64, recipe=get_recipe("int8qk-bf16pv"))
+        monkeypatch.setenv("FP8DIT_KERNEL", "triton")
+        assert not preferred(q64, n64)
+        monkeypatch.delenv("FP8DIT_KERNEL")
+        cap["value"] = (8, 9)
+        assert not preferred(q64, n64) and preferred(q64, crossovers[64].triton)
+        cap["value"] = (9, 0)
+    assert not preferred(q64, n64)  # this Triton not verified
+
+    floor = crossovers[128].gluon_ws
     assert dispatch.effective_tokens([4096], [4096]) == 4096
     # Wan cross-attention: 75,600 queries against 512 text keys is ~1,000 effective tokens.
     assert 1000 < dispatch.effective_tokens([75600], [512]) < 1030
     q = fake(128)
-    assert dispatch.fp8_not_preferred_reason(q, q, q, False, floor) is None
-    why = dispatch.fp8_not_preferred_reason(q, q, q, False, floor - 1)
-    assert why and "too short" in why and str(floor) in why
-    assert "256" in dispatch.fp8_not_preferred_reason(fake(200), None, None, False, 10**6)
-    assert dispatch.fp8_not_preferred_reason(fake(128, "cpu"), None, None, False, 1) is None
+    with verified():
+        assert preferred(q, floor)
+        why = dispatch.fp8_not_preferred_reason(q, "gluon-ws", floor - 1)
+        assert why and "too short" in why and str(floor) in why
+    assert "256" in dispatch.fp8_not_preferred_reason(fake(200), "triton", 10**6)
+    assert dispatch.fp8_not_preferred_reason(fake(128, "cpu"), "triton", 1) is None
     # A backend named explicitly ignores these preferences; on CPU auto still picks FP8 (in the
     # interpreter; on a GPU machine CPU tensors cannot reach the compiled kernels).
+    monkeypatch.undo()
     qq, kk, vv = (torch.randn(1, 64, 2, 64).bfloat16() for _ in range(3))
     name, why = fp8dit.select_backend(qq, kk, vv)
     if fp8dit.env.triton_interpret():
-        assert name == "fp8", why
+        assert name == "fp8" and "triton kernel" in why, why
     else:
         assert name == "sdpa" and "CPU tensors need TRITON_INTERPRET=1" in why
 
 
-def test_kernel_aware_preference_traces_without_a_graph_break(monkeypatch):
-    """auto's preference runs inside compiled forwards (dispatch is traced): the check of which
-    kernel will run must not break the graph, also on its first call (release not read yet)."""
-    from fp8dit import attend, dispatch
+def test_choice_names_the_kernel_and_traces_without_a_graph_break(monkeypatch):
+    """auto's choice runs inside compiled forwards (dispatch is traced): deciding which kernel
+    will run must not break the graph, also on its first call (release not read yet)."""
+    from fp8dit import dispatch, tuning
 
     monkeypatch.setattr(dispatch, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(attend, "WS_VERIFIED_TRITON", (attend.triton_release(),))
-    monkeypatch.setattr(attend, "_TRITON_RELEASE", {})
+    monkeypatch.setattr(dispatch, "_TRITON_RELEASE", {})
     monkeypatch.delenv("FP8DIT_KERNEL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gpu = torch.device("cuda", 0)
 
     def f(x):
-        return x + 1 if dispatch._warp_specialized_kernel_likely(x, False) else x - 1
+        kernel, why = dispatch.choose_kernel(128, 75600, False, None, gpu)
+        return x + 1 if kernel == "gluon-ws" else x - len(why)
 
-    torch._dynamo.reset()
-    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2)),
-                       torch.ones(2))
+    here = tuning.VerifiedRelease(dispatch.triton_release(), "(this test)", "", "")
+    for releases, expected in (((here,), 1.0), ((), None)):  # verified here, or not
+        with tuning.override(gluon_releases=releases):
+            monkeypatch.setattr(dispatch, "_TRITON_RELEASE", {})
+            torch._dynamo.reset()
+            out = torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2))
+            assert torch.equal(out, f(torch.zeros(2)))
+            assert (out[0] == expected) if expected else (out[0] < 0)
 
 
 def test_sampled_rows_reference_matches_the_full_one():

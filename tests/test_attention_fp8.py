@@ -70,36 +70,34 @@ def _sm90() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["gluon", "gluon-ws"])
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
-def test_sm90_kernels_match_fp64(case, kernel, monkeypatch):
-    """The Gluon kernels, forced, on the same cases: their masked steps (odd lengths, causal
-    diagonals, split-KV chunks) against fp64 with the Triton kernel's bounds. The interpreter
-    cannot run Gluon: GPU only."""
+def test_gluon_ws_kernel_matches_fp64(case, monkeypatch):
+    """The warp-specialized Gluon kernel, forced, on the same cases: its masked steps (odd
+    lengths, causal diagonals, split-KV chunks) against fp64 with the Triton kernel's bounds.
+    The interpreter cannot run Gluon: GPU only."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
-    monkeypatch.setenv("FP8DIT_KERNEL", kernel)
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
     B, Sq, Sk, H, Hkv, D, causal, splits = case
     dev = torch.device("cuda")
-    plan, cfg = attend.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
+    _, launch = attend.plan_for([Sq] * B, [Sk] * B, varlen=False, num_heads=H,
                                 num_kv_heads=Hkv, head_dim=D, is_causal=causal, device=dev,
                                 num_splits=splits)
-    assert attend.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
+    assert launch.kernel == "gluon-ws"
     test_fp8_matches_fp64(case, "cuda")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["gluon", "gluon-ws"])
-def test_sm90_kernels_varlen_with_an_empty_sequence(kernel, monkeypatch):
+def test_gluon_ws_kernel_varlen_with_an_empty_sequence(monkeypatch):
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
-    monkeypatch.setenv("FP8DIT_KERNEL", kernel)
+    monkeypatch.setenv("FP8DIT_KERNEL", "gluon-ws")
     dev = torch.device("cuda")
     for causal in (False, True):  # test_varlen_mixed_lengths' calls run the kernel asked for
-        plan, cfg = attend.plan_for([113, 0, 300, 1], [200, 50, 239, 17], varlen=True,
+        _, launch = attend.plan_for([113, 0, 300, 1], [200, 50, 239, 17], varlen=True,
                                     num_heads=4, num_kv_heads=2, head_dim=64,
                                     is_causal=causal, device=dev)
-        assert attend.use_gluon_sm90(plan, get_recipe(None), dev, cfg["kernel"]) == kernel
+        assert launch.kernel == "gluon-ws"
     test_varlen_mixed_lengths("cuda")
     test_varlen_empty_key_sequence_gives_zeros_and_minus_inf("cuda")
 

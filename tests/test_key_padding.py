@@ -101,7 +101,7 @@ def test_per_query_masks_of_kept_queries_and_keys():
 @pytest.mark.parametrize("sq,sk", [(1, 1), (257, 1), (33, 513), (67, 6), (21, 141)])
 def test_mask_reading_kernel_matches_torch(sq, sk, device):
     # (33, 513): one row past a 32-row block and one byte past a 128-word (512-byte) block of
-    # the word kernel (MASK_WORD_ROWS, MASK_WORDS).
+    # the word kernel (tuning.mask_words: 32 rows, 128 words).
     # HunyuanVideo 1.5's per-query masks are read by one kernel (row counts, column any), as
     # int32 words where rows are contiguous: random, all-False and all-True batches, a batch
     # broadcast by stride 0, a transposed view (bytes), and views starting at each byte of a
@@ -403,7 +403,7 @@ def test_tiny_hunyuan_video_runs_fp8_over_its_key_padding(registered):
 def test_warp_specialized_kernel_over_kept_keys_on_the_gpu():
     """HunyuanVideo-like lengths on the H200's default kernel: 9,216 video + 256 text tokens,
     two sequences keeping 100 and 31 text tokens; garbage in the dropped keys."""
-    from fp8dit.attend import kernel_for
+    from fp8dit.dispatch import choose_kernel
     from fp8dit.testing import attention_ref_rows
 
     B, S, H, D = 2, 9216 + 256, 8, 128
@@ -418,7 +418,7 @@ def test_warp_specialized_kernel_over_kept_keys_on_the_gpu():
                                                 recipe=get_recipe(None), return_lse=True)
     assert reason is None
     if torch.cuda.get_device_capability() == (9, 0):
-        assert kernel_for(D, max(lens), False, get_recipe(None), q.device) == "gluon-ws"
+        assert choose_kernel(D, max(lens), False, get_recipe(None), q.device)[0] == "gluon-ws"
     rows = torch.arange(0, S, 97, device=DEVICE)
     for b, n in enumerate(lens):
         ref, ref_lse = attention_ref_rows(q, k[:, :n], v[:, :n], rows, batch=b)

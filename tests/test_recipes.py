@@ -251,11 +251,11 @@ def test_bf16_pv_stores_v_as_is_and_unscaled():
 
 def test_bf16_stages_fit_two_programs_per_sm():
     # bf16 V doubles the V tile; two stages keep the shared memory of the default's three.
-    cfg = attend.tile_config(128, torch.device("cpu"))
+    tiles = attend.tile_config(128, torch.device("cpu")).tiles
     ws = type("W", (), {"pv_bf16": True})()
-    assert cfg["programs_per_sm"] == 2 and attend._num_stages(cfg, ws) == 2
+    assert tiles.programs_per_sm == 2 and attend._num_stages(tiles, ws) == 2
     ws.pv_bf16 = False
-    assert attend._num_stages(cfg, ws) == cfg["num_stages"]
+    assert attend._num_stages(tiles, ws) == tiles.num_stages
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,8 +135,9 @@ def select_backend(q, k, v, *, is_causal: bool = False, layout: str = "NHD",
 
     Returns
     -------
-    (name, reason): ``name`` is ``"fp8"`` or ``"sdpa"``; ``reason`` says why it was chosen, or
-    why the FP8 path could not run.
+    (name, reason): ``name`` is ``"fp8"`` or ``"sdpa"``; ``reason`` says why it was chosen
+    (for ``"fp8"`` also which attention kernel runs and why), or why the FP8 path could not
+    run. The recipe is ``FP8DIT_RECIPE`` or the default.
 
     Example
     -------
@@ -144,8 +145,9 @@ def select_backend(q, k, v, *, is_causal: bool = False, layout: str = "NHD",
     """
     B, _, _, Sq, Sk, _ = _dense_dims(q, k, v, layout)
     _check_bool("is_causal", is_causal)
-    return dispatch.resolve(backend, q, k, v, is_causal,
-                            dispatch.effective_tokens([Sq] * B, [Sk] * B))
+    choice = dispatch.choose(backend, q, k, v, is_causal=is_causal, q_lens=[Sq] * B,
+                             k_lens=[Sk] * B, recipe=check_recipe(None))
+    return choice.backend, choice.reason
 
 
 def attention(
@@ -215,8 +217,8 @@ def attention(
         out = torch.zeros_like(q)
         lse = torch.full((B, H, Sq), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
-    name, _ = dispatch.resolve(backend, q, k, v, is_causal,
-                               dispatch.effective_tokens([Sq] * B, [Sk] * B))
+    name, kernel, _ = dispatch.choose(backend, q, k, v, is_causal=is_causal, q_lens=[Sq] * B,
+                                      k_lens=[Sk] * B, recipe=rec)
     rope, start = None, 0
     if rot is not None:
         if name == "fp8" and fused_rotary(q, rot, rec):  # else SDPA or unfusable
@@ -226,12 +228,13 @@ def attention(
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_fp8(
-                q, k, v, layout, scale, is_causal, rec.name, num_splits or 0, rope, start
+                q, k, v, layout, scale, is_causal, rec.name, num_splits or 0, rope, start,
+                kernel,
             )
         else:
             out, lse = fp8_attention_fwd(
                 q, k, v, layout=layout, scale=scale, is_causal=is_causal, recipe=rec,
-                num_splits=num_splits, rope=rope, rope_start=start,
+                num_splits=num_splits, rope=rope, rope_start=start, kernel=kernel,
             )
     else:
         out, lse = sdpa_attention(
@@ -333,18 +336,18 @@ def attention_varlen(
         out = torch.zeros_like(q)
         lse = torch.full((H, 0), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
-    name, _ = dispatch.resolve(backend, q, k, v, is_causal,
-                               dispatch.effective_tokens(q_lens, k_lens))
+    name, kernel, _ = dispatch.choose(backend, q, k, v, is_causal=is_causal, q_lens=q_lens,
+                                      k_lens=k_lens, recipe=rec)
     if name == "fp8":
         if torch.compiler.is_compiling():
             out, lse = torch.ops.fp8dit.attention_varlen_fp8(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, scale, is_causal, rec.name,
-                num_splits or 0,
+                num_splits or 0, kernel,
             )
         else:
             out, lse = fp8_attention_varlen_fwd(
                 q, k, v, q_lens, k_lens, scale=scale, is_causal=is_causal, recipe=rec,
-                num_splits=num_splits,
+                num_splits=num_splits, kernel=kernel,
             )
     else:
         out, lse = sdpa_attention_varlen(

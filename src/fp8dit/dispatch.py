@@ -1,21 +1,23 @@
-"""Backends as data: name -> (requirements check, implementation), and the auto fallback.
+"""Which backend and which attention kernel a call runs, and why: :func:`choose`.
 
-Each requirement check returns ``None`` when the backend can run or a reason string when it
-cannot (FlashInfer's ``backend_requirement`` idea). ``auto`` walks the preference list and
-takes the first backend that can run, logging once why a preferred one was skipped; a backend
-asked for by name raises :class:`BackendUnavailableError` with the reason instead.
+Each requirement check returns ``None`` when a backend or kernel can run or a reason string
+when it cannot (FlashInfer's ``backend_requirement`` idea). ``auto`` takes FP8 where it can
+run and measured faster than SDPA (``tuning.crossovers``), logging once why it did not; a
+backend asked for by name raises :class:`BackendUnavailableError` with the reason instead. The
+FP8 path's kernel (:func:`choose_kernel`) is decided here too, from the same table, and the
+plan and the launch take it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from . import env
+from . import env, tuning
 from .plan import MAX_HEAD_DIM, padded_head_dim
+from .recipes import Recipe, get_recipe
 
 logger = logging.getLogger("fp8dit")
 
@@ -28,16 +30,13 @@ class BackendUnavailableError(RuntimeError):
     """A backend requested by name cannot run these inputs; the message says why."""
 
 
-@dataclass(frozen=True)
-class Backend:
-    name: str
-    description: str
-    check: Callable[..., str | None]  # (q, k, v, is_causal) -> None or reason
-    # Only for backend="auto": a reason to prefer the next backend although this one can run
-    # (measured slower there). (q, k, v, is_causal, tokens) -> None or reason, where tokens is
-    # the call's effective sequence length (see effective_tokens). A backend asked for by name
-    # ignores it.
-    auto_check: Callable[..., str | None] | None = None
+class Choice(NamedTuple):
+    """What a call runs: the backend (``"fp8"`` or ``"sdpa"``), the FP8 path's attention
+    kernel (``"gluon-ws"`` or ``"triton"``; None on SDPA), and why."""
+
+    backend: str
+    kernel: str | None
+    reason: str
 
 
 # Plain dict rather than functools.lru_cache: torch.compile traces through this module, and
@@ -50,6 +49,11 @@ def _capability(index: int) -> tuple[int, int]:
     if cap is None:
         cap = _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
     return cap
+
+
+def _device_capability(device: torch.device) -> tuple[int, int]:
+    return _capability(device.index if device.index is not None
+                       else torch.cuda.current_device())
 
 
 def _probe_triton() -> str | None:
@@ -72,7 +76,7 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return _TRITON_ERROR
     dev = q.device
     if dev.type == "cuda":
-        cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
+        cap = _device_capability(dev)
         if cap < FP8_MIN_CAPABILITY:
             return (
                 f"GPU compute capability {cap[0]}.{cap[1]} has no FP8 tensor cores "
@@ -93,33 +97,6 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
-# Padded head dims where the FP8 kernel is slower than cuDNN on the GPUs it was measured on
-# (H200, 2026-12-02, benchmarks/NOTES.md: D=256 at 0.62x of SDPA cuDNN, best tile config).
-FP8_SLOWER_HEAD_DIMS = (256,)
-# Below these effective lengths (tokens; key: padded head dim) quantization and launches cost
-# more than FP8 saves: measured crossovers against SDPA cuDNN on the H200 (benchmarks/NOTES.md).
-# On the warp-specialized kernel (run s14-3, `benchmarks/gpu_crossover.py`, end to end): D=128,
-# 24 heads: 0.44x at 4,608 tokens (Flux), 1.36x at 8,192, 1.49x at 16,896; D=64, 48 heads:
-# 1.14x at 8,192 and 12,288, 1.28x at 17,776 (CogVideoX). On the Triton kernel, which runs
-# where that one does not (causal calls, GPUs other than Hopper, unverified Triton releases):
-# D=128 1.08x at 8,192 (1.03x in session 2); D=64 1.00x at 8,192, 0.98x at 12,288, 1.12x at
-# 17,776. Cross-attention to short text keys (Wan: 512, ~1,000 effective tokens) lands here.
-FP8_MIN_TOKENS = {64: 8192, 128: 8192}
-FP8_MIN_TOKENS_TRITON_KERNEL = {64: 17000, 128: 8192}
-
-
-def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
-    """Whether ``attend.kernel_for`` will pick the warp-specialized kernel for a dense call:
-    its conditions that the call's tensors decide (non-causal, Hopper, a Triton release it was
-    verified on, the kernel not forced to another), without its shape and recipe tests."""
-    from . import attend
-
-    if is_causal or env.attention_kernel() not in ("auto", "gluon-ws"):
-        return False
-    return (_capability(q.device.index or 0) == (9, 0)
-            and attend.triton_release() in attend.WS_VERIFIED_TRITON)
-
-
 def effective_tokens(q_lens, k_lens) -> float:
     """2 * sum(Sq * Sk) / sum(Sq + Sk): attention work per quantized token, scaled so that a
     self-attention of length S gives S (cross-attention to 512 keys gives about 1,000)."""
@@ -128,39 +105,95 @@ def effective_tokens(q_lens, k_lens) -> float:
     return 2.0 * num / den if den else 0.0
 
 
-def fp8_not_preferred_reason(q, k, v, is_causal=False, tokens=None) -> str | None:
+# Triton's release as "major.minor", read once. A dict, not functools.cache: choose() runs in
+# code that torch.compile traces, and dynamo does not trace through cache wrappers.
+_TRITON_RELEASE: dict[str, str] = {}
+
+
+def triton_release() -> str:
+    if "v" not in _TRITON_RELEASE:
+        import triton
+
+        _TRITON_RELEASE["v"] = ".".join(triton.__version__.split(".")[:2])
+    return _TRITON_RELEASE["v"]
+
+
+def _gluon_ws_unfit(dp: int, recipe: Recipe, device: torch.device) -> str | None:
+    """Why the warp-specialized Gluon kernel cannot run a call (None: it can)."""
+    if device.type != "cuda" or env.triton_interpret():
+        return "the Gluon kernel needs a GPU (Triton's interpreter cannot run it)"
+    cap = _device_capability(device)
+    if cap != (9, 0):
+        return f"the Gluon kernel is written for sm_90, this GPU is sm_{cap[0]}{cap[1]}"
+    if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
+        return f"the Gluon kernel runs one int8 QK dot and fp8 PV, recipe {recipe.name!r} not"
+    if dp not in tuning.current().gluon_tiles:
+        return f"the Gluon kernel has no tiles for head dims padded to {dp}"
+    return None
+
+
+def choose_kernel(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe | None,
+                  device: torch.device) -> tuple[str, str]:
+    """(kernel, reason): the attention kernel an FP8 call runs, ``"gluon-ws"`` or ``"triton"``.
+
+    ``FP8DIT_KERNEL`` when it names one (``gluon-ws`` falls back to the Triton kernel where it
+    cannot run). ``auto``: the warp-specialized Gluon kernel on sm_90, for non-causal calls
+    with the one-term int8-QK / fp8-PV recipes whose longest key sequence reaches its
+    ``tuning.Crossover.gluon_ws``, on a Triton release in ``tuning.gluon_releases``; the
+    Triton kernel everywhere else. The plan and the launch take this choice.
+    """
+    named = env.attention_kernel()
+    if named == "triton":
+        return "triton", "FP8DIT_KERNEL=triton"
+    recipe = recipe if recipe is not None else get_recipe(None)
+    dp = padded_head_dim(head_dim)
+    unfit = _gluon_ws_unfit(dp, recipe, device)
+    if named == "gluon-ws":
+        if unfit:
+            return "triton", f"FP8DIT_KERNEL=gluon-ws, but {unfit}: the Triton kernel"
+        return "gluon-ws", "FP8DIT_KERNEL=gluon-ws"
+    if unfit:
+        return "triton", unfit
+    if is_causal:
+        return "triton", "causal calls run the Triton kernel (the Gluon one is not measured)"
+    tuned = tuning.current()
+    release = next((r for r in tuned.gluon_releases if r.triton == triton_release()), None)
+    if release is None:
+        return "triton", (f"the Gluon kernel is verified on Triton "
+                          f"{', '.join(r.triton for r in tuned.gluon_releases) or 'no release'}, "
+                          f"not {triton_release()}")
+    floor = tuned.crossovers[dp].gluon_ws
+    if floor is None or max_k_len < floor:
+        return "triton", (f"{max_k_len} keys: the Gluon kernel measured faster from {floor} "
+                          f"at head_dim <= {dp}")
+    return "gluon-ws", (f"warp-specialized Gluon kernel: faster from {floor} keys at head_dim "
+                        f"<= {dp} (verified with Triton {release.triton} on an {release.gpu}, "
+                        f"{release.date})")
+
+
+def fp8_not_preferred_reason(q, kernel: str, tokens: float) -> str | None:
+    """For ``backend="auto"``: why SDPA is preferred although FP8 can run (measured faster
+    there, ``tuning.crossovers``), else None. CPU (interpreter) calls are never redirected."""
     if q.device.type != "cuda":
         return None
     dp = padded_head_dim(q.shape[-1])
-    if dp in FP8_SLOWER_HEAD_DIMS:
-        return (f"head_dim {q.shape[-1]} runs in 256-wide tiles, where the FP8 kernel measured "
-                "0.62x the speed of SDPA cuDNN on an H200; backend='fp8' still runs it")
-    if tokens is None:
-        return None
-    floors = (FP8_MIN_TOKENS if _warp_specialized_kernel_likely(q, is_causal)
-              else FP8_MIN_TOKENS_TRITON_KERNEL)
-    floor = floors.get(dp)
-    if floor is not None and tokens < floor:
+    cross = tuning.current().crossovers[dp]
+    floor = cross.gluon_ws if kernel == "gluon-ws" else cross.triton
+    if floor is None:
+        return (f"head_dim {q.shape[-1]} runs in {dp}-wide tiles, where FP8 measured slower "
+                f"than SDPA cuDNN ({cross.measured}); backend='fp8' still runs it")
+    if tokens < floor:
         return (f"sequence too short for FP8 to pay: {tokens:.0f} effective tokens, under the "
-                f"{floor} where it measured faster than SDPA cuDNN on an H200 at head_dim <= "
-                f"{dp}; backend='fp8' still runs it")
+                f"{floor} where the {kernel} kernel measured faster than SDPA cuDNN on an H200 "
+                f"at head_dim <= {dp}; backend='fp8' still runs it")
     return None
 
 
-def _always(q, k, v, is_causal=False) -> str | None:
-    return None
-
-
-BACKENDS: dict[str, Backend] = {
-    "fp8": Backend(
-        "fp8",
-        "fp8dit persistent kernel: INT8/FP8 QK, FP8 PV",
-        fp8_unsupported_reason,
-        auto_check=fp8_not_preferred_reason,
-    ),
-    "sdpa": Backend("sdpa", "torch scaled_dot_product_attention in the input dtype", _always),
+BACKENDS = {
+    "fp8": "fp8dit persistent kernel: INT8/FP8 QK, FP8 PV",
+    "sdpa": "torch scaled_dot_product_attention in the input dtype",
 }
-AUTO_ORDER = ("fp8", "sdpa")
+
 
 _logged: set[str] = set()
 
@@ -178,34 +211,38 @@ def _log_once(msg: str, logged: set[str] | None = None) -> None:
         logger.warning(msg)
 
 
-def resolve(backend: str, q, k, v, is_causal: bool = False,
-            tokens: float | None = None) -> tuple[str, str]:
-    """(backend name, reason) for a call; raises if a named backend cannot run.
+def choose(backend: str, q, k, v, *, is_causal: bool, q_lens, k_lens,
+           recipe: Recipe | None = None) -> Choice:
+    """The one place a call's backend and attention kernel are decided.
 
-    ``tokens``: the call's effective length (:func:`effective_tokens`), for ``auto``'s
-    preferences; None skips the length preference."""
+    ``backend``: ``auto`` (``FP8DIT_BACKEND``, else FP8 where it runs and measured faster,
+    SDPA otherwise, logging once why), ``fp8`` (raises :class:`BackendUnavailableError` when it
+    cannot run) or ``sdpa``. ``q_lens`` / ``k_lens``: the sequences' lengths; ``auto`` prefers
+    SDPA below the chosen kernel's measured crossover (:func:`effective_tokens`). ``recipe``:
+    the call's (None: the default). The FP8 path's kernel comes from :func:`choose_kernel`.
+    """
     if backend == "auto":
         backend = env.default_backend()
-    if backend == "auto":
-        skipped = []
-        for name in AUTO_ORDER:
-            be = BACKENDS[name]
-            reason = be.check(q, k, v, is_causal)
-            if reason is None and be.auto_check is not None:
-                reason = be.auto_check(q, k, v, is_causal, tokens)
-            if reason is None:
-                why = f"auto: {BACKENDS[name].description}"
-                if skipped:
-                    why += " (" + "; ".join(skipped) + ")"
-                    _log_once(f"fp8dit: falling back to {name}: " + "; ".join(skipped))
-                return name, why
-            skipped.append(f"{name} unavailable: {reason}")
-        raise BackendUnavailableError("no backend can run these inputs: " + "; ".join(skipped))
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"backend: expected one of auto, {', '.join(BACKENDS)}, got {backend!r}"
-        )
-    reason = BACKENDS[backend].check(q, k, v, is_causal)
-    if reason is not None:
-        raise BackendUnavailableError(f"backend={backend!r} cannot run these inputs: {reason}")
-    return backend, f"requested: {BACKENDS[backend].description}"
+    if backend not in ("auto", *BACKENDS):
+        raise ValueError(f"backend: expected one of auto, {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "sdpa":
+        return Choice("sdpa", None, f"requested: {BACKENDS['sdpa']}")
+    why_not = fp8_unsupported_reason(q, k, v, is_causal)
+    if why_not is not None:
+        if backend == "fp8":
+            raise BackendUnavailableError(f"backend='fp8' cannot run these inputs: {why_not}")
+        return _fall_back(f"fp8 unavailable: {why_not}")
+    max_k_len = max((int(n) for n in k_lens), default=0)
+    kernel, why_kernel = choose_kernel(q.shape[-1], max_k_len, is_causal, recipe, q.device)
+    if backend == "fp8":
+        return Choice("fp8", kernel, f"requested: {BACKENDS['fp8']}; {kernel} kernel: "
+                      f"{why_kernel}")
+    slower = fp8_not_preferred_reason(q, kernel, effective_tokens(q_lens, k_lens))
+    if slower is not None:
+        return _fall_back(f"fp8 unavailable: {slower}")
+    return Choice("fp8", kernel, f"auto: {BACKENDS['fp8']}; {kernel} kernel: {why_kernel}")
+
+
+def _fall_back(why: str) -> Choice:
+    _log_once(f"fp8dit: falling back to sdpa: {why}")
+    return Choice("sdpa", None, f"auto: {BACKENDS['sdpa']} ({why})")

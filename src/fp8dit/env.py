@@ -7,9 +7,9 @@ variable               meaning
 ``FP8DIT_DISABLE``     ``1`` turns the FP8 path off everywhere (auto always picks ``sdpa``)
 ``FP8DIT_RECIPE``      default accuracy recipe name (see :mod:`fp8dit.recipes`)
 ``FP8DIT_PLAN_CACHE``  how many plans the LRU plan cache keeps (default 64)
-``FP8DIT_KERNEL``      attention kernel: ``triton`` (default, everywhere) | ``gluon`` |
-                       ``gluon-ws`` (experimental Hopper kernels, sm_90 only; see
-                       kernels/attention_sm90.py and attention_sm90_ws.py)
+``FP8DIT_KERNEL``      attention kernel: ``auto`` (default: ``dispatch.choose_kernel``) |
+                       ``triton`` | ``gluon-ws`` (the warp-specialized Hopper kernel, sm_90
+                       only, kernels/attention_sm90_ws.py) for every call
 ``TRITON_INTERPRET``   ``1`` runs the Triton kernels on CPU tensors through Triton's interpreter
 =====================  =====================================================================
 
@@ -54,12 +54,12 @@ def plan_cache_size() -> int:
     return size
 
 
-KERNELS = ("auto", "triton", "gluon", "gluon-ws")
+KERNELS = ("auto", "triton", "gluon-ws")
 
 
 def attention_kernel() -> str:
     """``FP8DIT_KERNEL``: ``auto`` (default: the kernel measured fastest for the call's shape,
-    see ``attend.kernel_for``) or one kernel for every call."""
+    see ``dispatch.choose_kernel``) or one kernel for every call."""
     value = os.environ.get("FP8DIT_KERNEL", "auto").strip().lower() or "auto"
     if value not in KERNELS:
         raise ValueError(f"FP8DIT_KERNEL: expected one of {', '.join(KERNELS)}, got {value!r}")

@@ -38,7 +38,7 @@ import weakref
 import torch
 import triton
 
-from . import env
+from . import env, tuning
 from .attend import fp8_attention_fwd, plan_for
 from .dispatch import _log_once
 from .kernels.mask_stats import (
@@ -110,15 +110,6 @@ def _checked(lens, prefix_ok) -> tuple:
     return tuple(int(x) for x in lens), None
 
 
-# The mask-reading kernels' launches. Bytes (any strides): rows per program, columns per step,
-# warps (run s17-4: 2.1 ms at 480p against 3.3 ms for 64 x 256 with 8 warps); its partial table
-# is Sk bytes per MASK_BLOCK_R rows: 82 MB at 480p, 0.4 GB at 720p, against a 2.6 / 12.9 GB mask.
-# Words (contiguous rows): rows of one phase class per program, words per step, warps (run
-# s18-1, the sweep's `phases`: 0.92 ms at 480p, 16 x 256 / 4 the same; the table as large).
-MASK_BLOCK_R, MASK_BLOCK_C, MASK_WARPS = 32, 512, 4
-MASK_WORD_ROWS, MASK_WORDS, MASK_WORD_WARPS = 32, 128, 1
-
-
 def _row_counts_and_key_any(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row True counts (int64 ``[B', Sq]``) and per-column ``any`` (bool ``[B', Sk]``)
     of a boolean ``[B', Sq, Sk]`` mask. On a GPU (and in the interpreter) one kernel reads
@@ -126,9 +117,14 @@ def _row_counts_and_key_any(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     torch."""
     if m.device.type != "cuda" and not env.triton_interpret():
         return m.sum(-1), m.any(-2)
+    # (launch shapes: tuning.mask_words / mask_bytes; the byte kernel's partial table is Sk bytes
+    # per `rows` rows: 82 MB at 480p, 0.4 GB at 720p, against a 2.6 / 12.9 GB mask)
+    tuned = tuning.current()
     if m.stride(-1) == 1 and m.shape[-1] > 1:
-        return _mask_stats_words_launch(m, MASK_WORD_ROWS, MASK_WORDS, MASK_WORD_WARPS)
-    return _mask_stats_launch(m, MASK_BLOCK_R, MASK_BLOCK_C, MASK_WARPS)
+        t = tuned.mask_words
+        return _mask_stats_words_launch(m, t.rows, t.cols, t.num_warps)
+    t = tuned.mask_bytes
+    return _mask_stats_launch(m, t.rows, t.cols, t.num_warps)
 
 
 def _mask_stats_launch(m: torch.Tensor, block_r: int, block_c: int,

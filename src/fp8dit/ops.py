@@ -18,17 +18,18 @@ from .recipes import get_recipe
 def attention_fp8(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     layout: str, scale: float, is_causal: bool, recipe: str, num_splits: int,
-    rope: torch.Tensor | None = None, rope_start: int = 0,
+    rope: torch.Tensor | None = None, rope_start: int = 0, kernel: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # kernel: dispatch.choose's, "" to choose it here
     return fp8_attention_fwd(
         q, k, v, layout=layout, scale=scale, is_causal=is_causal, recipe=get_recipe(recipe),
-        num_splits=num_splits or None, rope=rope, rope_start=rope_start,
+        num_splits=num_splits or None, rope=rope, rope_start=rope_start, kernel=kernel or None,
     )
 
 
 @attention_fp8.register_fake
 def _attention_fp8_fake(q, k, v, layout, scale, is_causal, recipe, num_splits, rope=None,
-                        rope_start=0):
+                        rope_start=0, kernel=""):
     if layout == "NHD":
         B, Sq, H, _ = q.shape
     else:
@@ -40,7 +41,7 @@ def _attention_fp8_fake(q, k, v, layout, scale, is_causal, recipe, num_splits, r
 def attention_varlen_fp8(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    scale: float, is_causal: bool, recipe: str, num_splits: int,
+    scale: float, is_causal: bool, recipe: str, num_splits: int, kernel: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The plan is keyed by the lengths, so they are read on the host here (one small copy).
     cq = cu_seqlens_q.tolist()
@@ -49,13 +50,13 @@ def attention_varlen_fp8(
     k_lens = [b - a for a, b in zip(ck[:-1], ck[1:])]
     return fp8_attention_varlen_fwd(
         q, k, v, q_lens, k_lens, scale=scale, is_causal=is_causal, recipe=get_recipe(recipe),
-        num_splits=num_splits or None,
+        num_splits=num_splits or None, kernel=kernel or None,
     )
 
 
 @attention_varlen_fp8.register_fake
 def _attention_varlen_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, is_causal, recipe,
-                               num_splits):
+                               num_splits, kernel=""):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 

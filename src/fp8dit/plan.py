@@ -52,7 +52,7 @@ MIN_PIECE_BLOCKS = 1
 def stats_chunk(max_k_len: int, n_seq_heads: int, block_n: int = 1) -> int:
     """Tokens per chunk of the channel-statistics pass (see ``STATS_CHUNKS``). With kv blocks
     of 256 keys (``block_n``), whole blocks per chunk, so that pass can take each block's K
-    channel max and min where ``quantize.KV_QUANT_ROWS`` asks for them."""
+    channel max and min where ``tuning.Quantization.kv_rows`` asks for them."""
     chunks = [c for c in STATS_CHUNKS if block_n <= 128 or c % block_n == 0] or [block_n]
     for chunk in chunks:
         if n_seq_heads * _cdiv(max_k_len, chunk) >= STATS_MIN_PROGRAMS:

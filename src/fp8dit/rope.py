@@ -1,7 +1,7 @@
 """Rotary position embedding applied by fp8dit itself: ``attention(..., rotary=...)``.
 
 diffusers' video DiTs rotate q and k with eager element-wise ops (strided reads and writes of
-both tensors: 12.6 ms per layer at Wan2.2 720p on an H200, run s18-5) and hand the rotated
+both tensors: 12.6 ms per layer at Wan2.2 720p on an H200, 2026-12-04) and hand the rotated
 copies to attention, whose quantization then reads them once more. Given the tables instead, the
 FP8 path rotates each row as its quantization loads it (``kernels.quantize._rope_pairs``):
 nothing rotated is written or read back.

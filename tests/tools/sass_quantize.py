@@ -1,10 +1,8 @@
 """The quantization kernels' sm_90 SASS as the H200 runs them, on a machine without a GPU.
 
     PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py kv [--rows 32] [--dp 128]
-        [--iters 4] [--finite-fast 1] [--reverse 1]
-    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py q [--rows 32] [--iters 4]
-    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4] [--prefetch 1]
-        [--full-fast 1]
+    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py q [--rows 32]
+    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4]
 
 ``--rope 1`` / ``--rope 2``: with Wan's rotary embedding fused in (fp32 / bf16 tables);
 ``--rope 3``: diffusers' ``apply_rotary_emb`` (whole fp32 cos and sin rows); ``--rope-range``:
@@ -13,7 +11,7 @@ tokens outside the tables' rows left as they are (HunyuanVideo's and CogVideoX's
 Compiles one kernel with the constexprs of the warp-specialized path at Wan 720p and the
 specializations a launch gets (pointers and the named integers divisible by 16, unit strides
 constant), and prints its registers, shared memory and global/local memory instruction counts
-(session 12 found V^T's byte-wise store this way: ``STG.E.U8``). ``--dump FILE`` writes the SASS.
+(V^T's byte-wise store, ``STG.E.U8``, was found this way). ``--dump FILE`` writes the SASS.
 """
 
 from __future__ import annotations
@@ -59,12 +57,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--dp", type=int, default=128)
     ap.add_argument("--sub", type=int, default=4)
-    ap.add_argument("--prefetch", type=int, default=1)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="q, k, v")
-    ap.add_argument("--full-fast", type=int, default=0, help="stats: FULL_FAST")
-    ap.add_argument("--finite-fast", type=int, default=0, help="q, kv: FINITE_FAST")
-    ap.add_argument("--iters", type=int, default=1, help="blocks per kv / q program (ITERS)")
-    ap.add_argument("--reverse", type=int, default=0, help="kv: the grid walked backwards")
     ap.add_argument("--rope", type=int, default=0, choices=(0, 1, 2, 3))
     ap.add_argument("--rope-range", action="store_true")
     ap.add_argument("--dump", default="")
@@ -79,28 +72,23 @@ def main() -> int:
         const = dict(DP=a.dp, BLOCK_N=a.rows, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, PV_BF16=False, ROTATE=False, KV_PERM16=True,
                      TWO_TERM=False, SUBBLOCKS=256 // a.rows, KAMAX_FROM_STATS=a.rows < 256,
-                     ITERS=a.iters, FINITE_FAST=bool(a.finite_fast), REVERSE=bool(a.reverse),
                      k_sd=1, v_sd=1, **rope)
         args = (Q.quantize_kv_kernel, ptr_types, const, max(4, a.rows * a.dp // 1024),
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D", "Tk_pad"))
     elif a.kernel == "q":
         const = dict(DP=a.dp, BLOCK_M=a.rows, SMOOTH_K=True, QK_INT8=True, SOFT_FP8_CAST=False,
                      TENSOR_SCALES=False, ROTATE=False, TWO_TERM=False,
-                     SUBBLOCKS=max(1, 64 // a.rows), ITERS=a.iters,
-                     FINITE_FAST=bool(a.finite_fast), q_sd=1, **rope)
+                     SUBBLOCKS=max(1, 64 // a.rows), q_sd=1, **rope)
         args = (Q.quantize_q_kernel, ptr_types, const, max(4, a.rows * a.dp // 1024),
                 ("q_sb", "q_st", "q_sh", "D", "Tq_pad"))
     else:
-        const = dict(DP=a.dp, CHUNK=512, SUB=a.sub, KBLK=256, PREFETCH=a.prefetch,
-                     FULL_FAST=bool(a.full_fast),
+        const = dict(DP=a.dp, CHUNK=512, SUB=a.sub, KBLK=256,
                      k_sd=1, v_sd=1, SOFT_CAST=False, **rope)
         args = (Q.kv_channel_stats_kernel, ptr_types, const, 4,
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D"))
     sass, rep = compile_sm90(*args)
     print(json.dumps(dict(kernel=a.kernel, **{k: v for k, v in const.items()
-                                               if k in ("DP", "BLOCK_N", "BLOCK_M", "SUB",
-                                                        "PREFETCH", "ITERS", "FULL_FAST",
-                                                        "FINITE_FAST", "REVERSE")},
+                                               if k in ("DP", "BLOCK_N", "BLOCK_M", "SUB")},
                       **rep)))
     if a.dump:
         with open(a.dump, "w") as f:

@@ -1,7 +1,7 @@
 """Compile recorded fp8dit kernel launches for sm_90 on a machine without a GPU.
 
     python tests/tools/sm90_compile.py launches.json
-    python tests/tools/sm90_compile.py --gluon          # the Gluon sm_90 attention kernel
+    python tests/tools/sm90_compile.py --gluon          # the warp-specialized Gluon kernel
 
 Reads launches recorded by tests/test_sm90_compile.py (argument types, constexprs, warps,
 stages), compiles each kernel with Triton's own compiler for an H100/H200 target, disassembles
@@ -68,11 +68,10 @@ def _spills(body: list[str]) -> int:
     return sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
 
 
-def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
-                           extra: dict | None = None, block_n: int = 128,
-                           stages: int = 3) -> dict:
-    """Compile ``kernels.attention_sm90`` (``ws``: ``attention_sm90_ws``) for sm_90 and describe
-    its kv loops' SASS.
+def gluon_attention_report(dp: int, causal: bool) -> dict:
+    """Compile ``kernels.attention_sm90_ws`` for sm_90 as the dispatcher launches it at padded
+    head dim ``dp`` (``tuning.gluon_tiles``, ``gluon_causal_tiles`` when ``causal``) and
+    describe its kv loops' SASS.
 
     ``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``, PV
     still in flight) and the wait for the PV dot (``0x0``) in each loop: the softmax the
@@ -82,12 +81,15 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fp8dit.kernels import attention_sm90, attention_sm90_ws
+    from fp8dit import attend, tuning
+    from fp8dit.kernels import attention_sm90_ws
 
-    # ``block_n`` (ws only): keys per kv step; 256 runs as two dots over 128-key tiles
-    bm, bn = 64, min(block_n, 128)
-    kernel = (attention_sm90_ws.attention_fwd_sm90_ws_kernel if ws
-              else attention_sm90.attention_fwd_sm90_kernel)
+    tuned = tuning.current()
+    tiles = (tuned.gluon_causal_tiles if causal else tuned.gluon_tiles)[dp]
+    const = attend.gluon_ws_constexprs(dp, tiles, causal)
+    # 256 keys run as two dots over 128-key tiles
+    bm, bn = const["BLOCK_M"], min(tiles.block_n, 128)
+    kernel = attention_sm90_ws.attention_fwd_sm90_ws_kernel
 
     def desc(dtype_str, dtype, block):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
@@ -98,23 +100,13 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
         desc_v=desc("fp8e4nv", gl.float8e4nv, [dp, bn]),
         seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
     )
-    const = dict(DP=dp, BLOCK_M=bm, BLOCK_N=block_n, IS_CAUSAL=causal, STAGES=stages,
-                 num_warps=4)
-    if ws:
-        const.update(CONSUMER_REGS=240, TWO_LEVEL=True, **(extra or {}))
-    params = inspect.signature(kernel.fn).parameters
-    # Constexpr knobs with a default (ablations, PINGPONG) compile at that default: left out of
-    # ``const`` they would become runtime arguments, and the SASS would be another kernel's.
-    for n, p in params.items():
-        if n not in const and p.default is not inspect.Parameter.empty:
-            const[n] = p.default
-    names = list(params)
+    names = list(inspect.signature(kernel.fn).parameters)
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")
                                                          else "i32") for n in names}
     src = GluonASTSource(fn=kernel, signature=sig,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out = {"dp": dp, "causal": causal, "ws": ws, "block_n": block_n,
+    out = {"dp": dp, "causal": causal, "block_n": tiles.block_n,
            "shared": ck.metadata.shared, "loops": []}
     for body in mma_loops(_disassemble(ck.asm["cubin"])):
         waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
@@ -135,28 +127,14 @@ def gluon_attention_report(dp: int, causal: bool, ws: bool = False,
 
 def main(path: str) -> int:
     if path == "--gluon":
-        # (warp-specialized, kv block): the one-warpgroup kernel, the ws kernel's 128-key
-        # loop, and its 256-key steps, non-causal only as attend.WS_TILES/WS_CAUSAL_TILES
-        # run them (ring depth as WS_TILES gives it)
-        from fp8dit import attend
-
-        for ws, block_n in ((False, 128), (True, 128), (True, 256)):
-            for dp in (64, 128):
-                tiles = attend.WS_TILES[dp] if block_n == 256 else {}
-                stages = tiles.get("sm90_stages", 2) if block_n == 256 else 3
-                extra = {"P_REGS": True} if tiles.get("sm90_p_regs") else None
-                if extra and tiles.get("sm90_rowsum_dot"):
-                    extra["ROWSUM_DOT"] = True
-                if tiles.get("sm90_split_kv"):
-                    extra = {**(extra or {}), "SPLIT_KV": tiles["sm90_split_kv"]}
-                for causal in ((False,) if block_n == 256 else (False, True)):
-                    try:
-                        rep = dict(ok=True, **gluon_attention_report(
-                            dp, causal, ws, extra=extra, block_n=block_n, stages=stages))
-                    except Exception as e:  # noqa: BLE001 - reported to the test
-                        rep = dict(ok=False, dp=dp, causal=causal, ws=ws, block_n=block_n,
-                                   error=f"{type(e).__name__}: {str(e)[:2000]}")
-                    print(json.dumps(rep), flush=True)
+        for dp in (64, 128):
+            for causal in (False, True):
+                try:
+                    rep = dict(ok=True, **gluon_attention_report(dp, causal))
+                except Exception as e:  # noqa: BLE001 - reported to the test
+                    rep = dict(ok=False, dp=dp, causal=causal,
+                               error=f"{type(e).__name__}: {str(e)[:2000]}")
+                print(json.dumps(rep), flush=True)
         return 0
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     with open(path) as f:

@@ -50,7 +50,6 @@ import torch.nn.functional as F
 
 from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
-from ..attend import kernel_for
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..rope import check_rotary, fused_rotary, rope_tables, rotate_first
 
@@ -171,8 +170,8 @@ def _key_padding_call(query, key, value, attn_mask, is_causal, scale, return_lse
             mask=tuple(attn_mask.shape), reason=("fallback: " + reason) if reason
             else "key-padding mask: FP8 over the kept keys",
             recipe=None if reason else recipe.name,
-            kernel=None if reason else kernel_for(query.shape[-1], key.shape[1], False, recipe,
-                                                  query.device),
+            kernel=None if reason else fp8_dispatch.choose_kernel(
+                query.shape[-1], key.shape[1], False, recipe, query.device)[0],
             **_rotary_record(rotary, rope is not None and not reason)))
     if return_lse:
         return (out, lse.transpose(1, 2).contiguous()), None
@@ -215,8 +214,9 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         rec = check_recipe(_recipe) if name == "fp8" else None
         _records.append(dict(backend=name, reason=why, q=tuple(query.shape), k=tuple(key.shape),
                              recipe=rec.name if rec else None,
-                             kernel=kernel_for(query.shape[-1], key.shape[1], is_causal, rec,
-                                               query.device) if rec else None,
+                             kernel=fp8_dispatch.choose_kernel(
+                                 query.shape[-1], key.shape[1], is_causal, rec,
+                                 query.device)[0] if rec else None,
                              **_rotary_record(rotary, rec is not None and rotary is not None
                                               and fused_rotary(query, rotary, rec))))
     out = attention(query, key, value, layout="NHD", scale=scale, is_causal=is_causal,

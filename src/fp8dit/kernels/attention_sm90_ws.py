@@ -1,34 +1,40 @@
 """Hopper FP8 attention, warp-specialized (Gluon): one TMA warp, two consumer warpgroups.
 
-FlashAttention-3's structure on the plan of :mod:`fp8dit.kernels.attention`, with 128-row
-query tiles: warpgroup 0 takes rows 0-63 of a work item, warpgroup 1 rows 64-127, and both read
-the same K/V tiles, loaded once by a producer warp into a ring of ``STAGES`` slots (the 64-row
-kernels load every K/V tile once per 64 query rows). With ``PINGPONG`` the two warpgroups take
-turns issuing their dots (``turn`` barriers, FlashAttention-3's ping-pong); measured on the
-H200 the free-running warpgroups are 3% faster (751-758 against 728-736 TFLOPS at Wan 720p,
-benchmarks/NOTES.md session 4), so it is off by default. Inside a warpgroup the softmax of
-block j runs under the PV dot of block j-1 (see :mod:`fp8dit.kernels.attention_sm90` for that
-loop, reused here).
+Same plan, work list, workspace and outputs as :mod:`fp8dit.kernels.attention` (read its
+docstring for the math), for the recipes with int8 QK and fp8 PV at padded head dims 64 and
+128, on sm_90. Why a second kernel: Triton's pipeliner keeps a WGMMA in flight only when its
+accumulator is fp32 and only a later dot reads it, so there both the int32 QK dot and the PV
+dot end in ``wgmma.wait_group 0`` and the tensor cores idle through the softmax (H200,
+2026-12-02). Here the loop is written out, on FlashAttention-3's structure with 128-row query
+tiles: warpgroup 0 takes rows 0-63 of a work item, warpgroup 1 rows 64-127, and both read the
+same K/V tiles, loaded once by a producer warp into a ring of ``STAGES`` slots. The two
+warpgroups run free of each other: taking turns to issue their dots (FlashAttention-3's
+ping-pong) measured 3% slower (H200, 2026-12-02: 728-736 against 751-758 TFLOPS at Wan 720p).
 
-With ``BLOCK_N`` = 256 (the default for long calls, ``attend.WS_TILES``) a loop step covers 256
-keys as two dots of 128 over two 128-key K and V^T tiles per ring slot, and both PV dots are
-waited for inside the step (``_consumer_step_wide``): per key, half the max reductions,
-rescales, folds, barriers and ring bookkeeping of the 128-key loop, at the cost of the
-in-warpgroup PV overlap, which the 240-register budget cannot keep next to 128 registers of
-S. On the H200 it runs 8-10% faster at D=128 (benchmarks/NOTES.md, session 6). With ``P_REGS``
-(the default at D=128) those PV dots read P from registers, as in the one-warpgroup kernel
-(V^T's kv order matches them): no P store, fence or warpgroup barrier before them, and ptxas
-issues the first half's PV under the second half's exponentials; 7-8% faster at D=128, 2%
-slower at D=64 (session 8). With ``ROWSUM_DOT`` (the default at both head dims, with P in
-registers) P's row sums come from two N=8 dots of those registers with a tile of ones instead
-of 128 FADDs and a row reduction per thread and step: +7% at D=128, +11% at D=64 (session 11).
+128-key steps (causal calls, ``tuning.gluon_causal_tiles``): inside a warpgroup the softmax of
+block j runs under the PV dot of block j-1 (``_consumer_step``), and each block's PV sum is
+folded into an fp32 sum (with the sum in the tensor core's narrower accumulator the output
+drifted at 200k tokens: rel-L1 0.0495 against 0.0390, H200, 2026-12-02).
 
-With ``SPLIT_KV`` (256-key steps; the default at D=64 only, ``attend.WS_TILES``) a slot's K
-and V have barriers of their own: the QK dots wait for K alone, and V is waited for after the
-row max, before the exponentials. Where that wait sits matters: placed after the exponentials,
-ptxas issued no PV dot under them and the step lost (session 22's forms 1 and 2, commit
-d29be0d). +10% at D=64 (CogVideoX); at D=128 it spills 16 registers per step and every form
-ran slower, so D=128 keeps one barrier per slot (benchmarks/NOTES.md, session 22).
+256-key steps (the default, ``tuning.gluon_tiles``): a loop step covers 256 keys as two dots
+of 128 over two 128-key K and V^T tiles per ring slot, and both PV dots are waited for inside
+the step (``_consumer_step_wide``): per key, half the max reductions, rescales, folds, barriers
+and ring bookkeeping of the 128-key loop, at the cost of the in-warpgroup PV overlap, which the
+240-register budget cannot keep next to 128 registers of S (H200, 2026-12-03: 8-10% faster at
+D=128). With ``P_REGS`` those PV dots read P from registers (V^T's kv order matches them): no
+P store, fence or warpgroup barrier before them, and ptxas issues the first half's PV under the
+second half's exponentials (H200, 2026-12-03: 7-8% faster at D=128, 2% slower at D=64 alone).
+With ``ROWSUM_DOT`` (with P in registers) P's row sums come from two N=8 dots of those
+registers with a tile of ones instead of 128 FADDs and a row reduction per thread and step
+(H200, 2026-12-03: +7% at D=128, +11% at D=64). With ``SPLIT_KV`` (D=64) a slot's K and V
+have barriers of their own: the QK dots wait for K alone, and V is waited for after the row
+max, before the exponentials; placed after the exponentials, ptxas issued no PV dot under them
+and the step lost (H200, 2026-12-04: +10% at CogVideoX; at D=128 it spills 16 registers per
+step and every form ran slower).
+
+P needs no register shuffle into the A-operand layout: the quantizer stores V with the kv index
+permuted inside each group of 16 (``kv_perm16``), so the accumulator registers of S already hold
+P in the order the PV dot's A operand reads them (``convert_layout(..., assert_trivial=True)``).
 
 Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     kv_full[s]   producer -> consumers: K/V of slot s landed (TMA transaction count; with
@@ -37,7 +43,10 @@ Barriers (mbarriers in shared memory, one arrival per partition unless noted):
     v_full[s], v_empty[s]  the same for V, with SPLIT_KV only
     q_full       producer -> consumers: this item's two Q halves landed
     q_empty      consumers -> producer: both warpgroups are done with the item's Q (count 2)
-    turn[w]      the other warpgroup issued its dots: warpgroup w may issue next
+
+Gluon's API is experimental and moves between Triton releases: ``FP8DIT_KERNEL=auto`` runs this
+kernel only on the releases in ``tuning.DEFAULT.gluon_releases`` (the CPU interpreter cannot run
+Gluon).
 """
 
 from triton.experimental import gluon
@@ -45,27 +54,160 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
-from .attention_sm90 import (
-    I2F_MAGIC,
-    I2F_MAGIC_BITS,
-    P_SHIFT,
-    _cta_barrier,
-    _load_item,
-    _p_to_fp8,
-    _row_max,
-    _row_sum,
-    _scores,
-    _softmax_block,
-    _tma_load,
-    _to_a_operand,
-    _v_grid_log2,
-    _write_rows,
-)
+# TMA load into shared memory: ``async_load`` in newer Gluon (triton 3.9, which removed the old
+# name), ``async_copy_global_to_shared`` in triton 3.6 (the H200 image's).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# CTA-wide barrier: ``barrier`` in triton 3.9, ``thread_barrier`` in 3.6.
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+# Same constants as the Triton kernel (see its module for why).
+P_SHIFT = gl.constexpr(8.0)
+I2F_MAGIC_BITS = gl.constexpr(0x4B400000)
+I2F_MAGIC = gl.constexpr(12582912.0)
+V_GRID_PHI = gl.constexpr(0.6180339887498949)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _v_grid_log2(blk):
+    # Bit-identical to common.v_block_log2_scale (same fp32 operations).
+    r = blk.to(gl.float32) * V_GRID_PHI
+    return r - gl.floor(r)
+
+
+@gluon.jit
+def _row_max(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.constexpr):
+    # Column groups of 16 first: within a thread the max runs as 4 independent chains, not one
+    # 32-deep chain.
+    x3 = gl.reshape(x, [BLOCK_M, BLOCK_N // 16, 16])
+    r = gl.max(gl.max(x3, axis=1), axis=1)
+    return gl.convert_layout(r, row_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _row_sum(x, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, row_layout: gl.constexpr):
+    x3 = gl.reshape(x, [BLOCK_M, BLOCK_N // 16, 16])
+    r = gl.sum(gl.sum(x3, axis=1), axis=1)
+    return gl.convert_layout(r, row_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _scores(s_i, col0, masked, k_len, rows, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+            s_layout: gl.constexpr):
+    """The int32 QK accumulator (preset to I2F_MAGIC_BITS) as the floats MAGIC + s; with
+    ``masked``, columns from ``col0`` past ``k_len`` (and above the diagonal) at -inf."""
+    s = s_i.to(gl.float32, bitcast=True)
+    if masked:
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        if IS_CAUSAL:  # cols < k_len and cols <= rows in one compare per score: the two
+            # compares spilled 5 per main-loop step and 32 in the tail of the causal
+            # warp-specialized kernel (sm_90, triton 3.6), none with this form
+            valid = gl.expand_dims(cols, 0) < gl.expand_dims(gl.minimum(rows + 1, k_len), 1)
+        else:
+            valid = gl.expand_dims(cols < k_len, 0)
+        s = gl.where(valid, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _to_a_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, p_layout: gl.constexpr):
+    """S-accumulator-layout P as the PV dot's A operand: a relabeling. Accumulator column
+    16a + 8h + 2c + e sits in the register the A operand reads as k = 16a + 4c + 2h + e; V^T
+    was stored in that order (kv_perm16)."""
+    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
+    p = gl.reshape(gl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])
+    return gl.convert_layout(p, p_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _softmax_block(s_i, m_i, l_i, c, kb, masked, k_len, rows,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                   s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Scores of kv block ``kb`` -> (fp32 P in the PV dot's A layout, m, l, alpha).
+
+    ``s_i`` holds the int32 dot plus I2F_MAGIC_BITS, i.e. the float MAGIC + s exactly.
+    """
+    s = _scores(s_i, kb * BLOCK_N, masked, k_len, rows, BLOCK_N, IS_CAUSAL, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    m_new = gl.maximum(m_i, (_row_max(s, BLOCK_M, BLOCK_N, row_layout) - I2F_MAGIC) * c)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_ref)
+    x = s * gl.expand_dims(c, 1) - gl.expand_dims(m_ref - P_SHIFT + I2F_MAGIC * c, 1)
+    p = gl.exp2(x)
+    l_i = l_i * alpha + _row_sum(p, BLOCK_M, BLOCK_N, row_layout)
+    return _to_a_operand(p, BLOCK_M, BLOCK_N, p_layout), m_new, l_i, alpha
+
+
+@gluon.jit
+def _p_to_fp8(p):
+    """fp32 P (A-operand layout) -> fp8: four consecutive k of a thread make one A register.
+
+    Two cvt and a byte merge per register; the generic fp32->fp8 path masked and re-permuted
+    every byte. Called right before the PV dot: an fp8 tensor carried across loop iterations
+    is split into single bytes at the loop edge and reassembled (~6 extra instructions per 4).
+    """
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _load_item(work_ptr, seq_ptr, w, group):
+    """Work item ``w`` (columns W_* of ``kernels.attention``) and its sequence's table row:
+    (b, h, q tile, kv_lo, kv_hi, partial slot, kv head, q_len, k_len, q_src, q_pad, k_pad,
+    first k block)."""
+    item = work_ptr + w * 6
+    b = gl.load(item + 0)
+    h = gl.load(item + 1)
+    seq = seq_ptr + b * 8
+    return (b, h, gl.load(item + 2), gl.load(item + 3), gl.load(item + 4), gl.load(item + 5),
+            h // group, gl.load(seq + 0), gl.load(seq + 1), gl.load(seq + 2), gl.load(seq + 4),
+            gl.load(seq + 5), gl.load(seq + 6))
+
+
+@gluon.jit
+def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out, part_row0,
+                v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
+                lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
+                offs_m, offs_mo, offs_d, DP: gl.constexpr, row_o: gl.constexpr):
+    """Epilogue of one tile of query rows: out of the V grid frame, V scale and mean, the LSE;
+    into the output (whole kv range) or partial rows ``part_row0`` onwards (split-KV).
+    ``offs_m``/``offs_mo``: row indices in the S and O row layouts; ``offs_d``: columns."""
+    vbase = (b * Hkv + hk) * DP
+    v_scale = gl.load(v_scale_ptr + vbase + offs_d)
+    v_mean = gl.load(v_mean_ptr + vbase + offs_d)
+    empty = l_i == 0.0
+    inv_l = gl.where(empty, 0.0, 1.0 / l_i) * gl.exp2(_v_grid_log2(kv_hi - 1))
+    o = acc * gl.expand_dims(gl.convert_layout(inv_l, row_o), 1) \
+        * gl.expand_dims(v_scale, 0) + gl.expand_dims(v_mean, 0)
+    o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
+    # a split-KV piece's LSE without the K-smoothing shift: the merge adds it once
+    # (kernels.attention)
+    lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2
+    lse = gl.where(empty, float("-inf"), lse)
+    if slot_out < 0:
+        lse = lse + gl.load(q_lse_corr_ptr + q_row + offs_m)
+        tok0 = (q_src + row0).to(gl.int64)
+        hq64 = h.to(gl.int64)
+        optr = (out_ptr + b.to(gl.int64) * o_sb + hq64 * o_sh + tok0 * o_st
+                + gl.expand_dims(offs_mo, 1) * o_st + gl.expand_dims(offs_d, 0) * o_sd)
+        omask = gl.expand_dims((row0 + offs_mo) < q_len, 1) & gl.expand_dims(offs_d < D, 0)
+        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+        lptr = lse_ptr + b.to(gl.int64) * l_sb + hq64 * l_sh + tok0 * l_st
+        gl.store(lptr + offs_m * l_st, lse, mask=(row0 + offs_m) < q_len)
+    else:
+        gl.store(part_o_ptr + gl.expand_dims(part_row0 + offs_mo, 1) * DP
+                 + gl.expand_dims(offs_d, 0), o)
+        gl.store(part_lse_ptr + part_row0 + offs_m, lse)
 
 
 @gluon.jit
@@ -122,27 +264,13 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty,
 
 
 @gluon.jit
-def _issue_turn(turn, wg: gl.constexpr, n_turns, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.wait(turn.index(wg), n_turns & 1)
-    return n_turns + 1
-
-
-@gluon.jit
-def _pass_turn(turn, wg: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - wg))
-
-
-@gluon.jit
 def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale,
-                   ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns,
-                   k_len, rows, s_init, zero_o, wg: gl.constexpr, MASKED: gl.constexpr,
-                   TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
+                   ks_base, q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty,
+                   k_len, rows, s_init, zero_o, MASKED: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   row_o: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
-    """kv block kb (ring index cnt): QK(kb) and PV(kb-1) issued in this warpgroup's turn.
+                   row_o: gl.constexpr):
+    """kv block kb (ring index cnt): QK(kb) and PV(kb-1) issued together.
 
     The PV dot issued here is waited for at the top of the next step, after this step's
     softmax: ptxas moved a wait placed right after the softmax above it (unmasked loop,
@@ -151,38 +279,26 @@ def _consumer_step(kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev,
     slot = cnt % STAGES
     # P of block kb-1 into the buffer PV(kb-2) does not read.
     p_buf = p_smem.index(cnt % 2)
-    if ABLATE_EXP != 3:  # 3: timing only, PV reads a stale P
-        p_buf.store(_p_to_fp8(p))
+    p_buf.store(_p_to_fp8(p))
     acc = warpgroup_mma_wait(0, deps=[acc_tok])  # PV(kb-2)
-    if TWO_LEVEL:
-        # PV(kb-2) came from a fresh accumulator: fold it into the fp32 sum (frame kb-2).
-        acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
+    # PV(kb-2) came from a fresh accumulator: fold it into the fp32 sum (frame kb-2).
+    acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
     fence_async_shared()
     _cta_barrier()
     # Every warp of this warpgroup is past PV(kb-2): block kb-2's slot is free.
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kb >= kv_lo + 2)
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-    # ABLATE_MISC & 1, timing only: no magic preset of S (wrong scores)
-    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init,
-                          use_acc=(ABLATE_MISC & 1) == 0, is_async=True)
-    if TWO_LEVEL:
-        acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
-                                zero_o, use_acc=False, is_async=True)
-    else:
-        if (ABLATE_MISC & 2) == 0:  # 2, timing only: no per-block rescale of O
-            acc = acc * gl.expand_dims(step, 1)
-        acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)), acc,
-                                is_async=True)
-    _pass_turn(turn, wg, PINGPONG)
+    s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
+    acc_tok = warpgroup_mma(p_buf, v_bufs.index((cnt - 1) % STAGES).permute((1, 0)),
+                            zero_o, use_acc=False, is_async=True)
     c = q_scale * gl.load(ks_base + kb)
     s_i = warpgroup_mma_wait(1, deps=[s_tok])
     p, m_i, l_i, alpha = _softmax_block(
         s_i, m_i, l_i, c, kb, MASKED, k_len, rows,
-        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout, ABLATE_EXP, ABLATE_MISC)
+        BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
     step_prev = step
     step = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
-    return p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns
+    return p, m_i, l_i, acc_tok, acc_m, step, step_prev
 
 
 @gluon.jit
@@ -212,7 +328,7 @@ def _magic_preset(like):
 def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                        s_layout: gl.constexpr, p_layout: gl.constexpr, K_SUB: gl.constexpr,
+                        s_layout: gl.constexpr, p_layout: gl.constexpr,
                         P_REGS: gl.constexpr = False, ROW_SUM: gl.constexpr = True,
                         v_full=None, slot=0, v_phase=0, SPLIT_KV: gl.constexpr = False):
     """Softmax of a 256-key block from its two QK dots: one max over both halves, both
@@ -224,35 +340,22 @@ def _wide_block_softmax(sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
                   rows, SUB_N, IS_CAUSAL, s_layout)
-    if K_SUB == 2:  # one K scale per 128 keys (the quantizer's sub-blocks): one per half
-        c_a = q_scale * gl.load(ks_base + 2 * kb)
-        c_b = q_scale * gl.load(ks_base + 2 * kb + 1)
-        m_a = (_row_max(s_a, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_a
-        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-        m_b = (_row_max(s_b, BLOCK_M, SUB_N, row_s) - I2F_MAGIC) * c_b
-        m_new = gl.maximum(m_i, gl.maximum(m_a, m_b))
-    else:  # one scale for the block: the max over both halves' raw scores, then scaled
-        c_a = q_scale * gl.load(ks_base + kb)
-        c_b = c_a
-        mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
-        s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                      MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-        mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
-        m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c_a)
+    # one K scale for the block: the max over both halves' raw scores, then scaled
+    c = q_scale * gl.load(ks_base + kb)
+    mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
+    s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
+                  MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
+    mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
+    m_new = gl.maximum(m_i, (mx - I2F_MAGIC) * c)
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_ref)
     if SPLIT_KV:
         mbarrier.wait(v_full.index(slot), v_phase)
-    bias_a = m_ref - P_SHIFT + I2F_MAGIC * c_a
-    if K_SUB == 2:
-        bias_b = m_ref - P_SHIFT + I2F_MAGIC * c_b
-    else:
-        bias_b = bias_a
-    p8a, l_a = _exp_half(s_a, c_a, bias_a, BLOCK_M, SUB_N, row_s, p_layout, ROW_SUM)
+    bias = m_ref - P_SHIFT + I2F_MAGIC * c
+    p8a, l_a = _exp_half(s_a, c, bias, BLOCK_M, SUB_N, row_s, p_layout, ROW_SUM)
     if not P_REGS:
         p_a.store(p8a)
-    p8b, l_b = _exp_half(s_b, c_b, bias_b, BLOCK_M, SUB_N, row_s, p_layout, ROW_SUM)
+    p8b, l_b = _exp_half(s_b, c, bias, BLOCK_M, SUB_N, row_s, p_layout, ROW_SUM)
     if not P_REGS:
         p_b.store(p8b)
     if ROW_SUM:
@@ -266,8 +369,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                         MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         SUB_N: gl.constexpr, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr,
-                        K_SUB: gl.constexpr, P_REGS: gl.constexpr,
-                        ABLATE_MISC: gl.constexpr = 0, ones_t=None, zero_l=None,
+                        P_REGS: gl.constexpr, ones_t=None, zero_l=None,
                         ROWSUM_DOT: gl.constexpr = False, l_layout: gl.constexpr = None,
                         v_full=None, v_empty=None, SPLIT_KV: gl.constexpr = False):
     """kv block kb of 2 * SUB_N keys (ring index cnt), self-contained: both QK halves, one
@@ -282,7 +384,6 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     second half's exponentials does not help: ptxas moves those above the issue, and carrying
     the second half across the loop's back edge instead spilled 4 KB (sm_90, triton 3.6).
 
-    ``K_SUB``: K scales per block (2: one per 128 keys, the quantizer's sub-blocks).
     ``P_REGS``: the PV dots read P from registers (V^T's kv order already matches them),
     not from shared memory: no P store, fence or warpgroup barrier before them.
     ``ROWSUM_DOT`` (with ``P_REGS``): ``l_i`` is a [BLOCK_M, 8] accumulator whose columns are
@@ -292,17 +393,13 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     """
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    # ABLATE_MISC (timing only, wrong results): 1 = no magic preset of the QK accumulators,
-    # 2 = no fold of the block's PV sum into the fp32 sum
     sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
-                           is_async=True)
+                           _magic_preset(s_init), is_async=True)
     sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init), use_acc=(ABLATE_MISC & 1) == 0,
-                           is_async=True)
+                           _magic_preset(s_init), is_async=True)
     m_new, l_new, alpha, p8a, p8b = _wide_block_softmax(
         sa_tok, sb_tok, kb, m_i, l_i, q_scale, ks_base, p_a, p_b, k_len, rows, MASKED,
-        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, K_SUB, P_REGS,
+        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, s_layout, p_layout, P_REGS,
         not ROWSUM_DOT, v_full, slot, (cnt // STAGES) & 1, SPLIT_KV)
     if P_REGS:
         acc_tok = warpgroup_mma(p8a, v_bufs.index(2 * slot).permute((1, 0)), zero_o,
@@ -332,10 +429,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
                                      1) + l_blk
     else:
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    if (ABLATE_MISC & 2) == 0:
-        acc_m = acc_m * gl.expand_dims(step, 1) + acc
-    else:
-        acc_m = acc
+    acc_m = acc_m * gl.expand_dims(step, 1) + acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
     _cta_barrier()
     mbarrier.arrive(kv_empty.index(slot))
@@ -346,15 +440,13 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
 
 @gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
-              turn, v_full, v_empty, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr,
+              v_full, v_empty, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr,
               v_mean_ptr, seq_ptr, work_ptr, work_indptr_ptr,
               out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, TWO_LEVEL: gl.constexpr,
-              ABLATE_EXP: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr,
-              K_SUB: gl.constexpr, P_REGS: gl.constexpr, ROWSUM_DOT: gl.constexpr,
-              SPLIT_KV: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, P_REGS: gl.constexpr,
+              ROWSUM_DOT: gl.constexpr, SPLIT_KV: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -395,8 +487,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
         gl.static_assert(WIDE and P_REGS, "the row-sum dot takes P from registers")
         # One tile per ring slot, read as ``ones_t.index(slot)`` (a slot-dependent address, as
-        # V's): session 10 suspected ptxas's reuse of a loop-invariant tile's descriptors; the
-        # fault was the fill below, but this form is the one measured (run s11-3).
+        # V's): the form measured on the H200 (2026-12-03); a single loop-invariant tile was
+        # suspected of a fault that turned out to be the fill below.
         ones_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_N, SUB_N],
                                                                      gl.float8e4nv)
         ones_t = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, L_N, SUB_N], ones_sl)
@@ -404,7 +496,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         # 1.0's e4m3 bits (0x38) as int8, bitcast: converting a splat of fp32 1.0 to fp8 made
         # one F2FP pair (PACK_AB_MERGE_C) whose other half came from an unset register, and
         # that word was stored as four bytes (sm_90, triton 3.6 + ptxas), so every other pair
-        # of keys weighed 0 or junk (run s11-2: the wrong sums of sessions 7 and 10).
+        # of keys weighed 0 or junk (H200, 2026-12-03: wrong row sums).
         for i in gl.static_range(STAGES):
             ones_t.index(i).store(gl.full([L_N, SUB_N], 0x38, gl.int8, fill)
                                   .to(gl.float8e4nv, bitcast=True))
@@ -420,16 +512,12 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
     w_end = gl.load(work_indptr_ptr + pid + 1)
     cnt = 0
     it = 0
-    n_turns = 0
-    if PINGPONG and wg == 0:
-        mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     for w in range(w_begin, w_end):
         (b, h, qt, kv_lo, kv_hi, slot_out, hk, q_len, k_len, q_src, q_pad, _k_pad,
          k_blk) = _load_item(work_ptr, seq_ptr, w, group)
         row0 = qt * (2 * BLOCK_M) + wg * BLOCK_M
         q_row = h * Tq_pad + q_pad + row0
-        # K_SUB K scales per kv block (``n_kblocks`` counts scales)
-        ks_base = k_scale_ptr + hk * n_kblocks + k_blk * K_SUB
+        ks_base = k_scale_ptr + hk * n_kblocks + k_blk
         hi_fast = k_len // BLOCK_N
         if IS_CAUSAL:
             # the whole 128-row item shares one kv range: mask from the first row of the item
@@ -450,7 +538,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout,
+                    P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
                     v_full, v_empty, SPLIT_KV)
                 cnt += 1
             for kb in range(hi_main, kv_hi):
@@ -458,18 +546,17 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
                     kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
                     BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                    K_SUB, P_REGS, ABLATE_MISC, ones_t, zero_l, ROWSUM_DOT, l_layout,
+                    P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
                     v_full, v_empty, SPLIT_KV)
                 cnt += 1
             if ROWSUM_DOT:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
             mbarrier.arrive(q_empty)
         else:
-            acc, m_i, l_i, cnt, n_turns = _consumer_item(
-                kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k_bufs, v_bufs,
-                p_smem, kv_full, kv_empty, turn, k_len, rows, s_init, zero_o, wg, TWO_LEVEL,
-                ABLATE_EXP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                PINGPONG, ABLATE_MISC)
+            acc, m_i, l_i, cnt = _consumer_item(
+                kv_lo, kv_hi, hi_fast, cnt, q_scale, ks_base, q_s, k_bufs, v_bufs,
+                p_smem, kv_full, kv_empty, k_len, rows, s_init, zero_o,
+                BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
             mbarrier.arrive(q_empty)
         it += 1
 
@@ -482,21 +569,18 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
 
 
 @gluon.jit
-def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k_bufs, v_bufs,
-                   p_smem, kv_full, kv_empty, turn, k_len, rows, s_init, zero_o,
-                   wg: gl.constexpr, TWO_LEVEL: gl.constexpr, ABLATE_EXP: gl.constexpr,
+def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, q_scale, ks_base, q_s, k_bufs, v_bufs,
+                   p_smem, kv_full, kv_empty, k_len, rows, s_init, zero_o,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                   row_o: gl.constexpr, PINGPONG: gl.constexpr, ABLATE_MISC: gl.constexpr):
+                   row_o: gl.constexpr):
     """One work item's kv range in 128-key blocks, PV(kb-1) under softmax(kb): returns the
-    output accumulator (frame of block kv_hi - 1), m, l, and the ring and turn counters."""
+    output accumulator (frame of block kv_hi - 1), m, l, and the ring counter."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     # Block kv_lo: QK alone.
     slot = cnt % STAGES
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
     s_tok = warpgroup_mma(q_s, k_bufs.index(slot).permute((1, 0)), s_init, is_async=True)
-    _pass_turn(turn, wg, PINGPONG)
     s_i = warpgroup_mma_wait(0, deps=[s_tok])
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
@@ -505,27 +589,23 @@ def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k
         s_i, m_i, l_i, c, kv_lo, kv_lo >= hi_fast, k_len, rows,
         BLOCK_M, BLOCK_N, IS_CAUSAL, s_layout, p_layout)
     acc_tok = warpgroup_mma_init(zero_o)
-    acc_m = zero_o  # the fp32 sum (TWO_LEVEL)
+    acc_m = zero_o  # the fp32 sum of the blocks' PV
     step = gl.convert_layout(alpha, row_o)  # multiplies a zero acc
     step_prev = step
     cnt += 1
 
     hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo + 1)
     for kb in range(kv_lo + 1, hi_main):
-        p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+        p, m_i, l_i, acc_tok, acc_m, step, step_prev = _consumer_step(
             kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
-            q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
-            s_init, zero_o, wg, False, TWO_LEVEL, ABLATE_EXP,
-            BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
-            ABLATE_MISC)
+            q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, k_len, rows, s_init, zero_o,
+            False, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
         cnt += 1
     for kb in range(hi_main, kv_hi):
-        p, m_i, l_i, acc_tok, acc_m, step, step_prev, n_turns = _consumer_step(
+        p, m_i, l_i, acc_tok, acc_m, step, step_prev = _consumer_step(
             kb, kv_lo, cnt, p, m_i, l_i, acc_tok, acc_m, step, step_prev, q_scale, ks_base,
-            q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, turn, n_turns, k_len, rows,
-            s_init, zero_o, wg, True, TWO_LEVEL, ABLATE_EXP,
-            BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o, PINGPONG,
-            ABLATE_MISC)
+            q_s, k_bufs, v_bufs, p_smem, kv_full, kv_empty, k_len, rows, s_init, zero_o,
+            True, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o)
         cnt += 1
 
     # PV of the last block, then release its slot and the item's Q.
@@ -533,26 +613,17 @@ def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, n_turns, q_scale, ks_base, q_s, k
     p_buf = p_smem.index(cnt % 2)
     p_buf.store(_p_to_fp8(p))
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    if TWO_LEVEL:
-        acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
+    acc_m = acc_m * gl.expand_dims(step_prev, 1) + acc
     fence_async_shared()
     _cta_barrier()
     mbarrier.arrive(kv_empty.index((cnt - 2) % STAGES), pred=kv_hi - kv_lo >= 2)
-    n_turns = _issue_turn(turn, wg, n_turns, PINGPONG)
-    if TWO_LEVEL:
-        acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
-                                use_acc=False, is_async=True)
-    else:
-        acc = acc * gl.expand_dims(step, 1)
-        acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), acc,
-                                is_async=True)
-    _pass_turn(turn, wg, PINGPONG)
+    acc_tok = warpgroup_mma(p_buf, v_bufs.index(last).permute((1, 0)), zero_o,
+                            use_acc=False, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc_tok])
-    if TWO_LEVEL:
-        acc = acc_m * gl.expand_dims(step, 1) + acc
+    acc = acc_m * gl.expand_dims(step, 1) + acc
     _cta_barrier()
     mbarrier.arrive(kv_empty.index(last))
-    return acc, m_i, l_i, cnt, n_turns
+    return acc, m_i, l_i, cnt
 
 
 @gluon.jit
@@ -566,9 +637,8 @@ def attention_fwd_sm90_ws_kernel(
     D, Tq_pad, Tk_pad, n_kblocks, group, Hkv,
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    TWO_LEVEL: gl.constexpr, num_warps: gl.constexpr, ABLATE_EXP: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = False, ABLATE_MISC: gl.constexpr = 0, K_SUB: gl.constexpr = 1,
-    P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False, SPLIT_KV: gl.constexpr = False,
+    num_warps: gl.constexpr, P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False,
+    SPLIT_KV: gl.constexpr = False,
 ):
     """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
@@ -582,14 +652,18 @@ def attention_fwd_sm90_ws_kernel(
                                        desc_v.layout)
     kv_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # Two barriers no partition uses (the warpgroups' issue turns of a ping-pong schedule that
+    # measured slower): the kernel timed on the H200 allocates and initializes them, and
+    # without them ptxas schedules the whole kernel differently (sm_90 SASS, 2026-12-05).
+    # They go when the kernel is timed without them.
+    unused_turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_full.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)
     for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+        mbarrier.init(unused_turns.index(i), count=1)
     mbarrier.init(q_full, count=1)
     mbarrier.init(q_empty, count=2)
     # SPLIT_KV: V's own full/empty ring; kv_full/kv_empty then count K's half of a slot
@@ -608,22 +682,20 @@ def attention_fwd_sm90_ws_kernel(
     # warpgroup index, `(0,) + args`, does not compile in Gluon (triton 3.6), nor does a
     # (function, args) pair held in a variable.
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+        (_consumer, (0, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
                      v_full, v_empty,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, SPLIT_KV)),
-        (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty, turn,
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, P_REGS, ROWSUM_DOT, SPLIT_KV)),
+        (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
                      v_full, v_empty,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, TWO_LEVEL, ABLATE_EXP, PINGPONG,
-                     ABLATE_MISC, K_SUB, P_REGS, ROWSUM_DOT, SPLIT_KV)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, P_REGS, ROWSUM_DOT, SPLIT_KV)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, v_full, v_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad,
                      Tk_pad, group, DP, BLOCK_M, BLOCK_N, STAGES, SPLIT_KV)),

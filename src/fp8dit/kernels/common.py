@@ -29,18 +29,11 @@ def round_to_e4m3_grid(x):
 
 
 @triton.jit
-def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr, CLAMP: tl.constexpr = True):
-    """Saturating cast of fp32 to float8e4nv; NaN stays NaN.
-
-    ``CLAMP=False``: no clamp before the cast on the GPU, where the cast is PTX's
-    ``cvt.rn.satfinite.e4m3x2.f32`` (what Triton emits on sm_90, triton 3.6 and 3.9), which
-    saturates out-of-range values and infinities to +-448 and keeps NaN itself: the same bytes,
-    4 instructions fewer per value. The interpreter's cast does not saturate: it always clamps.
-    """
+def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr):
+    """Saturating cast of fp32 to float8e4nv; NaN stays NaN."""
     # where() rather than min/max: comparisons with NaN are false, so NaN passes through
     # (hardware max/min would return the other operand and turn NaN into +-448).
-    if CLAMP or SOFT_FP8_CAST:
-        x = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
+    x = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
     if SOFT_FP8_CAST:
         x = round_to_e4m3_grid(x)
     return x.to(tl.float8e4nv)
@@ -85,7 +78,7 @@ def round_to_bf16_grid(x):
     an ulp of bf16 in the fp32 bits, clear the low 16 bits; NaN is kept as is (the add could
     carry a NaN payload into inf). Integer work, which no compiler pass contracts or folds:
     the fused rotary's bf16 path written with casts (``.to(bf16).to(fp32)`` after each product)
-    differed from torch on the H200 (run s19-3), this one matches it bitwise (run s19-4)."""
+    differed from torch on the H200, this one matches it bitwise (2026-12-04)."""
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
     return tl.where(x == x, bits.to(tl.float32, bitcast=True), x)
@@ -100,9 +93,9 @@ def rotate_pair_bf16(xe, xo, c, s, SOFT_CAST: tl.constexpr):
     On the GPU one PTX block per pair: the products, ``cvt.rn.bf16x2.f32`` (two roundings in one
     instruction), the halves moved back into fp32 bits by a mask and a shift. Inline assembly,
     so no compiler pass contracts or drops a rounding (the casts written in Triton differed from
-    torch on the H200, run s19-3); 15 instructions per pair against ~38 for six
+    torch on the H200, 2026-12-04); 15 instructions per pair against ~38 for six
     :func:`round_to_bf16_grid` (sm_90 SASS). At Wan 720p the rotation then adds 0.37 ms to the
-    1.91 ms of quantization kernels instead of 1.09 ms, bitwise the same (run s21-3). The
+    1.91 ms of quantization kernels instead of 1.09 ms, bitwise the same (H200, 2026-12-04). The
     interpreter takes the integer rounding (it runs no PTX)."""
     if SOFT_CAST:
         oe = round_to_bf16_grid(round_to_bf16_grid(xe * c) - round_to_bf16_grid(xo * s))
@@ -178,14 +171,7 @@ def to_int8_rn(x):
     Callers flag non-finite data through a NaN scale instead (int8 has no NaN).
     """
     x = tl.where(x == x, x, 0.0)
-    return int8_rn_in_range(tl.minimum(tl.maximum(x, -127.0), 127.0))
-
-
-@triton.jit
-def int8_rn_in_range(x):
-    """:func:`to_int8_rn` for finite ``x`` within [-127.5, 127.5] (a value times the inverse
-    of its block's amax / 127), bitwise: without its NaN test and clamp, which cannot change
-    such a value."""
+    x = tl.minimum(tl.maximum(x, -127.0), 127.0)
     return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
 
 

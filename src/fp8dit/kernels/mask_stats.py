@@ -3,14 +3,15 @@
 HunyuanVideo 1.5 hands every attention call a new ``[B, 1, S, S]`` mask (S^2 bytes: 2.6 GB at
 480p, 13 GB at 720p); ``fp8dit.key_padding`` needs each row's count and each column's ``any``
 to see it as (kept queries) x (kept keys). torch's ``mask.sum(-1)`` and ``mask.any(-2)`` took
-14.8 ms there on the H200, against 21 ms for the FP8 attention itself (run s17-1): the sum of a
+14.8 ms there on the H200, against 21 ms for the FP8 attention itself (2026-12-04): the sum of a
 bool tensor goes through int64. This reads each byte once: one program per ``BLOCK_R`` rows
 counts them and writes its rows' column ``any`` as one row of a small partial table
 (``Sq / BLOCK_R`` rows), which torch then reduces (no atomics: the same result every run).
 
 Masks whose rows are contiguous (every model's) are read as int32 words, four keys a word, by
-:func:`mask_row_counts_col_any_words_kernel`: 0.92 ms at 480p against 2.0 ms for bytes (run
-s18-1). Others (transposed, stride-0 keys) take the byte kernel.
+:func:`mask_row_counts_col_any_words_kernel`: 0.92 ms at 480p against 2.0 ms for bytes (H200,
+2026-12-04). Others (transposed, stride-0 keys) take the byte kernel. Launch shapes:
+``tuning.mask_bytes`` and ``tuning.mask_words``.
 """
 
 import triton
@@ -25,11 +26,10 @@ def mask_row_counts_col_any_kernel(
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Each step reduces its rows' column ``any`` across the warps: that reduction, not the
-    read, sets the speed (run s17-4, ``benchmarks/gpu_mask_kernel_sweep.py``: 64 x 256 bytes
-    with 8 warps 3.3 ms at 480p, 32 x 512 with 4 warps 2.1 ms, 16 x 1024 1.8 ms; reading the
-    mask as int32 words, a quarter of the elements, 0.8 ms where rows are 4-byte aligned,
-    which the model's odd length rules out; packing a thread's bytes into words in registers
-    first was slower, 2.6-7.8 ms)."""
+    read, sets the speed (H200, 2026-12-04: 64 x 256 bytes with 8 warps 3.3 ms at 480p,
+    32 x 512 with 4 warps 2.1 ms, 16 x 1024 1.8 ms; reading the mask as int32 words, a quarter
+    of the elements, 0.8 ms where rows are 4-byte aligned, which the model's odd length rules
+    out; packing a thread's bytes into words in registers first was slower, 2.6-7.8 ms)."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)

@@ -28,7 +28,6 @@ import triton.language as tl
 from .common import (
     cast_for_store,
     finite_or,
-    int8_rn_in_range,
     mul_rn,
     quantize_tile,
     residual_int8,
@@ -97,8 +96,8 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
     ``rope_lo``); the others keep their values.
 
     Q's LSE correction (q . mean K) may differ from the unfused path's in its last bits: the
-    rotated tile's register layout changes the order of that sum (run s19-3; since the whole
-    rows of ``ROPE_FOUR``, with Wan's fp32 tables only, run s21-9).
+    rotated tile's register layout changes the order of that sum (H200, 2026-12-04; with
+    ``ROPE_FOUR``'s whole rows, for Wan's fp32 tables only).
     """
     HALF: tl.constexpr = DP // 2
     tok = row0 + loc
@@ -140,29 +139,19 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
 
 
 @triton.jit
-def _block_and_head(HEADS_FIRST: tl.constexpr, REVERSE: tl.constexpr = False):
+def _block_and_head(HEADS_FIRST: tl.constexpr):
     """(block, head, number of heads, sequence) of this program: the grid is (blocks, heads,
     sequences), or (heads, blocks, sequences) with ``HEADS_FIRST`` (with ``ROPE``: the programs
-    running at once then share the same rows of the rotary table in L2).
-
-    ``REVERSE``: the grid walked backwards (last sequence, head and block first), so a pass
-    launched after one that walked it forwards starts on the tokens that one read last, which
-    may still be in L2 (``quantize.KV_QUANT_REVERSE``). Only the order changes."""
+    running at once then share the same rows of the rotary table in L2)."""
     if HEADS_FIRST:
         blk = tl.program_id(1)
         h = tl.program_id(0)
-        n_blk = tl.num_programs(1)
         n_heads = tl.num_programs(0)
     else:
         blk = tl.program_id(0)
         h = tl.program_id(1)
-        n_blk = tl.num_programs(0)
         n_heads = tl.num_programs(1)
     b = tl.program_id(2)
-    if REVERSE:
-        blk = n_blk - 1 - blk
-        h = n_heads - 1 - h
-        b = tl.num_programs(2) - 1 - b
     return blk, h, n_heads, b
 
 
@@ -175,7 +164,7 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
     int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
     accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
     off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
-    the quantization ~170 ms slower at Wan 720p (run s5-7)."""
+    the quantization ~170 ms slower at Wan 720p (H200, 2026-12-02)."""
     offs = tl.arange(0, DP)
     r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
     if PRECISE:
@@ -198,14 +187,18 @@ def _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t, end, offs_d, dmask, l
 
 
 @triton.jit
-def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask, loc,
-                        out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
-                        DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                        KBLK: tl.constexpr, PREFETCH: tl.constexpr, HALF_D: tl.constexpr,
-                        ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
-    """One chunk of ``kv_channel_stats_kernel``, any length and any values: rows past ``k_len``
-    masked, non-finite values left out (and K's flagged per block). Stores the chunk's four
-    rows at ``out`` and, with ``KBLK``, each block's K max and min from ``kout`` on."""
+def _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask, loc,
+                 out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
+                 DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                 KBLK: tl.constexpr, HALF_D: tl.constexpr,
+                 ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+    """One chunk of ``kv_channel_stats_kernel``: rows past ``k_len`` masked, non-finite values
+    left out (and K's flagged per block). Stores the chunk's four rows at ``out`` and, with
+    ``KBLK``, each block's K max and min from ``kout`` on.
+
+    The next sub-tile's loads are issued before the current one's work, so each program keeps
+    two sub-tiles of K and V in flight (H200, 2026-12-03: Wan 720p 0.86 ms against 1.06
+    without; two ahead no better)."""
     # Element-wise partials over the chunk, reduced across rows once at the end: a
     # cross-warp reduction per tile (four of them) ran this pass at ~400 GB/s.
     ksum = tl.zeros([SUB, DP], dtype=tl.float32)
@@ -214,9 +207,8 @@ def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d
     vmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
     KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
     end = tl.minimum(k_len, t0 + CHUNK)  # the prefetch stops at the chunk's end
-    if PREFETCH:
-        k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
-                                    offs_d, dmask, loc)
+    k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, end,
+                                offs_d, dmask, loc)
     for j in range(0, CHUNK, KB):
         if KBLK > 0:
             kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
@@ -224,14 +216,10 @@ def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d
             kbad = tl.zeros([SUB, DP], dtype=tl.int32)
         for i in range(j, j + KB, SUB):
             m = (t0 + i + loc < k_len)[:, None] & dmask[None, :]
-            if PREFETCH:
-                k = k_nxt
-                v = v_nxt
-                k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
-                                            t0 + i + SUB, end, offs_d, dmask, loc)
-            else:
-                k, v = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0 + i, k_len,
-                                    offs_d, dmask, loc)
+            k = k_nxt
+            v = v_nxt
+            k_nxt, v_nxt = _load_kv_sub(kb, vb, k_st, k_sd, v_st, v_sd, k_src,
+                                        t0 + i + SUB, end, offs_d, dmask, loc)
             k = k.to(tl.float32)
             v = v.to(tl.float32)
             if ROPE:
@@ -262,86 +250,12 @@ def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d
 
 
 @triton.jit
-def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, loc, out, kout,
-                      cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
-                      DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                      KBLK: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
-                      ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
-    """One whole chunk (all ``CHUNK`` rows inside the sequence) of finite values: what
-    :func:`_stats_chunk_masked` stores, bitwise, with a third of its instructions. That pass
-    issued ~145 instructions per 4-row sub-tile and thread (sm_90 SASS), as many as the DRAM
-    bandwidth leaves time for; here the rows need no mask, the values no finiteness test and
-    the addresses no 64-bit products: 54. (Maxima and minima kept in bf16, two per ``HMNMX2``,
-    took 69: Triton holds each bf16 value in its own register, so every step packed and
-    unpacked them.) Whether every value was finite is read off the sums at the end
-    (a NaN or an infinity leaves its column's sum non-finite; so does a sum of finite values
-    that overflows, which the masked pass then computes as it would anyway). Returns whether
-    the chunk's stores are still to be made by the masked pass (the K block rows stored here
-    are then overwritten by it). ``ROPE``: K is rotated as the masked pass rotates it."""
-    ksum = tl.zeros([SUB, DP], dtype=tl.float32)
-    vsum = tl.zeros([SUB, DP], dtype=tl.float32)
-    KB: tl.constexpr = KBLK if KBLK > 0 else CHUNK
-    # A scalar row pointer moved one sub-tile per step and 32-bit offsets within the tile: the
-    # 64-bit address products of _load_kv_sub took ~27 of the masked loop's instructions.
-    tok0 = (k_src + t0).to(tl.int64)
-    kp = kb + tok0 * k_st
-    vp = vb + tok0 * v_st
-    k_off = loc[:, None] * k_st + offs_d[None, :] * k_sd
-    v_off = loc[:, None] * v_st + offs_d[None, :] * v_sd
-    cm = (loc >= 0)[:, None] & dmask[None, :]
-    k_nxt = tl.load(kp + k_off, mask=cm, other=0.0)
-    v_nxt = tl.load(vp + v_off, mask=cm, other=0.0)
-    # padded channels (d >= D) load as 0; the masked pass leaves them -inf / +inf
-    vmax = v_nxt.to(tl.float32)
-    vmin = vmax
-    for j in range(0, CHUNK, KB):
-        if KBLK > 0:
-            if ROPE:
-                kmax = tl.full([SUB, DP], float("-inf"), dtype=tl.float32)
-                kmin = tl.full([SUB, DP], float("inf"), dtype=tl.float32)
-            else:
-                kmax = k_nxt.to(tl.float32)
-                kmin = kmax
-        for i in range(j, j + KB, SUB):
-            k = k_nxt.to(tl.float32)
-            v = v_nxt.to(tl.float32)
-            kp += SUB * k_st
-            vp += SUB * v_st
-            nm = cm & (i + SUB < CHUNK)  # the chunk's last step asks for nothing
-            k_nxt = tl.load(kp + k_off, mask=nm, other=0.0)
-            v_nxt = tl.load(vp + v_off, mask=nm, other=0.0)
-            vsum += v
-            vmax = tl.maximum(vmax, v)
-            vmin = tl.minimum(vmin, v)
-            if ROPE:
-                k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i, loc, loc >= 0, rope_lo,
-                                rope_n, DP, SUB, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
-            ksum += k
-            if KBLK > 0:
-                kmax = tl.maximum(kmax, k)
-                kmin = tl.minimum(kmin, k)
-        if KBLK > 0:
-            ko = kout + (j // KBLK) * 2 * DP
-            tl.store(ko + offs_d, tl.where(dmask, tl.max(kmax, 0), float("-inf")))
-            tl.store(ko + DP + offs_d, tl.where(dmask, tl.min(kmin, 0), float("inf")))
-    n_bad = tl.sum(tl.sum(tl.where((tl.abs(ksum) < float("inf"))
-                                   & (tl.abs(vsum) < float("inf")), 0, 1), 1), 0)
-    if n_bad == 0:
-        tl.store(out, tl.sum(ksum, 0))
-        tl.store(out + DP, tl.sum(vsum, 0))
-        tl.store(out + 2 * DP, tl.where(dmask, tl.max(vmax, 0), float("-inf")))
-        tl.store(out + 3 * DP, tl.where(dmask, tl.min(vmin, 0), float("inf")))
-    return n_bad != 0
-
-
-@triton.jit
 def kv_channel_stats_kernel(
     k_ptr, v_ptr, stats_ptr, seq_ptr,
     k_sb, k_st, k_sh, k_sd,
     v_sb, v_st, v_sh, v_sd,
     n_chunks, D, kblk_ptr, n_kblocks,
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
-    PREFETCH: tl.constexpr = False, FULL_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     SOFT_CAST: tl.constexpr = False,
@@ -356,14 +270,6 @@ def kv_channel_stats_kernel(
     non-finite K). The quantizer derives each block's amax of K minus its mean from them
     exactly (rounding is monotonic: fl(max k - m) = max fl(k - m)), so its programs need not
     span the attention kernel's 256-key blocks (``quantize_kv_kernel(KAMAX_FROM_STATS)``).
-
-    ``PREFETCH``: the next sub-tile's loads are issued before the current one's work, so each
-    program keeps two sub-tiles of K and V in flight instead of one (two ahead measured no
-    better, run s12-5).
-
-    ``FULL_FAST``: a chunk that lies wholly inside the sequence first goes
-    through :func:`_stats_chunk_full` (no masks, no finiteness tests, bitwise the same stores),
-    and through the masked pass only when it held a non-finite value.
 
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded; heads first in the grid
     (``_block_and_head``).
@@ -383,17 +289,9 @@ def kv_channel_stats_kernel(
         if KBLK > 0:
             k_blk = tl.load(seq_ptr + b * 8 + 6)
             kout = kblk_ptr + ((h * n_kblocks + k_blk + t0 // KBLK) * 2) * DP
-        masked = t0 >= 0  # every chunk, unless the fast pass below stored it
-        if FULL_FAST:
-            if t0 + CHUNK <= k_len:
-                masked = _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d,
-                                           dmask, loc, out, kout, cos_ptr, sin_ptr, k_ptr,
-                                           rope_lo, rope_n, DP, CHUNK, SUB, KBLK, HALF_D, ROPE,
-                                           ROPE_RANGE, SOFT_CAST)
-        if masked:
-            _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask,
-                                loc, out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP,
-                                CHUNK, SUB, KBLK, PREFETCH, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+        _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask, loc, out,
+                     kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP, CHUNK, SUB, KBLK,
+                     HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
 
 
 @triton.jit
@@ -470,18 +368,6 @@ def _kv_block_at(x_ptr, b, h, x_sb, x_st, x_sh, x_sd, k_src, k_len, blk, rows, o
 
 
 @triton.jit
-def _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk, k_sb, k_st, k_sh, k_sd,
-                   v_sb, v_st, v_sh, v_sd, offs_d, dmask, loc, vloc, BLOCK_N: tl.constexpr):
-    """Block ``blk`` of K and of V (V's rows in the order ``vloc``), in their dtype (a block
-    past the keys loads nothing)."""
-    k_at, m = _kv_block_at(k_ptr, b, h, k_sb, k_st, k_sh, k_sd, k_src, k_len, blk, loc, offs_d,
-                           dmask, BLOCK_N)
-    v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk, vloc,
-                            offs_d, dmask, BLOCK_N)
-    return tl.load(k_at, mask=m, other=0.0), tl.load(v_at, mask=mv, other=0.0)
-
-
-@triton.jit
 def quantize_kv_kernel(
     k_ptr, v_ptr, k_mean_ptr, seq_ptr,
     k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr, amax_ptr, rot_ptr,
@@ -492,28 +378,19 @@ def quantize_kv_kernel(
     SOFT_FP8_CAST: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
     ROTATE: tl.constexpr = False, KV_PERM16: tl.constexpr = False,
     k8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False, ITERS: tl.constexpr = 1,
-    FINITE_FAST: tl.constexpr = False, REVERSE: tl.constexpr = False,
+    kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
-    """``ITERS`` consecutive blocks of ``BLOCK_N`` tokens of one kv head: smooth + quantize K,
-    center + quantize V.
+    """A block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
-    ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's K and V
-    before the current one's work (as ``quantize_q_kernel(ITERS)``). ``FINITE_FAST`` (with
-    ``KAMAX_FROM_STATS``, int8, one term, no rotation): K's codes of a block the statistics
-    found finite skip the NaN test and clamp of :func:`common.to_int8_rn` (bitwise the same),
-    and V's codes the clamp before the GPU's saturating fp8 cast (``to_fp8_e4m3(CLAMP)``).
-
-    ``SUBBLOCKS``: the attention kernel's kv blocks hold this many of these blocks (its 256-key
-    steps, two of 128): K keeps one scale per ``BLOCK_N`` tokens (``n_kblocks`` counts
-    scales), V's grid factor follows the attention kernel's block.
-    ``KAMAX_FROM_STATS`` (with ``SUBBLOCKS``): one K scale per attention block all the same,
-    from the block's channel max and min that ``kv_channel_stats_kernel(KBLK)`` stored in
-    ``kblk`` (bitwise the amax a program spanning the block would take, and its non-finite
-    flag): 128-row programs, which spill far less than 256-row ones at D=128 (the Wan 720p
-    quantization 3.2 ms against 3.7, run s8-2; ``quantize.KV_QUANT_ROWS`` says where it runs).
+    ``KAMAX_FROM_STATS``: the attention kernel's kv blocks hold ``SUBBLOCKS`` of these blocks,
+    and K still takes one scale per kv block, from the block's channel max and min that
+    ``kv_channel_stats_kernel(KBLK)`` stored in ``kblk`` (bitwise the amax a program spanning
+    the block would take, and its non-finite flag): programs of fewer rows, which spill far
+    less than 256-row ones at D=128 (H200, 2026-12-03: the Wan 720p quantization 3.2 ms
+    against 3.7; ``tuning.Quantization.kv_rows`` says where it runs). V's grid factor follows
+    the attention kernel's block.
 
     ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
     column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
@@ -522,11 +399,10 @@ def quantize_kv_kernel(
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
-    it; heads first in the grid (``_block_and_head``). ``REVERSE``: the grid walked backwards
-    (``_block_and_head``), starting where the statistics pass ended.
+    it; heads first in the grid (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    pid, h, Hkv, b = _block_and_head(ROPE != 0, REVERSE)
+    blk, h, Hkv, b = _block_and_head(ROPE != 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
     # a multiple of the plan's kv block: said so, or the V^T store along tokens, whose base
@@ -550,130 +426,80 @@ def quantize_kv_kernel(
         vloc = loc - r16 + ((r16 // 2) % 2) * 8 + (r16 // 4) * 2 + r16 % 2
     else:
         vloc = loc
-    blk0 = pid * ITERS
-    if ITERS > 1:
-        k_nxt, v_nxt = _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk0, k_sb, k_st, k_sh,
-                                      k_sd, v_sb, v_st, v_sh, v_sd, offs_d, dmask, loc, vloc,
-                                      BLOCK_N)
-    for it in tl.static_range(ITERS):
-        blk = blk0 + it
-        if ITERS > 1:
-            k_cur = k_nxt
-            v_cur = v_nxt
-            if it + 1 < ITERS:
-                k_nxt, v_nxt = _load_kv_block(k_ptr, v_ptr, b, h, k_src, k_len, blk + 1, k_sb,
-                                              k_st, k_sh, k_sd, v_sb, v_st, v_sh, v_sd, offs_d,
-                                              dmask, loc, vloc, BLOCK_N)
-        # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
-        # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN. So are
-        # the blocks between the call's key length and the plan's (SEQ_K_PLAN), which the
-        # attention kernel visits masked.
-        blk_start = (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N)
-        if blk_start < k_plan:
-            rmask = blk * BLOCK_N + loc < k_len
-            k_at, m = _kv_block_at(k_ptr, b, h, k_sb, k_st, k_sh, k_sd, k_src, k_len, blk, loc,
-                                   offs_d, dmask, BLOCK_N)
-            if ITERS > 1:
-                k = k_cur.to(tl.float32)
-            else:
-                k = tl.load(k_at, mask=m, other=0.0).to(tl.float32)
-            if ROPE:
-                k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
-                                loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
-                                SOFT_FP8_CAST)
-            v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk,
-                                    vloc, offs_d, dmask, BLOCK_N)
-            if ITERS > 1:
-                v = v_cur
-            elif KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
-                # 128-row programs: V's tile asked for now overlaps K's work (Triton keeps a load
-                # after the K store in program order); 256-row programs (D=64) measured slower
-                # so (run s11-5: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p with
-                # the count below left out)
-                v = tl.load(v_at, mask=mv, other=0.0)
-            ks = tl.where(m, k - k_mean[None, :], 0.0)
-            if not KAMAX_FROM_STATS:
-                n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
-            if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-                ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
-            if TENSOR_SCALES:
-                k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
-            elif KAMAX_FROM_STATS:
-                kst = kblk_ptr + ((h * n_kblocks + k_blk + blk // SUBBLOCKS) * 2) * DP + offs_d
-                kmx = tl.load(kst)
-                kmn = tl.load(kst + DP)
-                # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
-                # its mean overflowing is flagged here, so the tile's own count is not taken
-                span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
-                ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
-                n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
-                k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
-                k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
-                # a block past the call's keys: its statistics were never written; a unit scale
-                # keeps its (masked) scores finite
-                n_bad = tl.where(blk_start < k_len, n_bad, 0)
-                k_scale = tl.where(blk_start < k_len, k_scale, 1.0)
-            else:
-                k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
-                k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
-            if FINITE_FAST and QK_INT8 and KAMAX_FROM_STATS and not (ROTATE or TWO_TERM):
-                if n_bad == 0:  # the block's K is finite and its amax bounds every code
-                    k8 = int8_rn_in_range(mul_rn(ks, 1.0 / k_scale, SOFT_FP8_CAST))
-                else:
-                    k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
-            else:
-                k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
-            prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
-            k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
-            if TWO_TERM:
-                tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
-            k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
-            tl.store(k8_ptr + k_at, k8)
-            if KAMAX_FROM_STATS:  # the block's scale, from its first program
-                if blk % SUBBLOCKS == 0:
-                    tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk // SUBBLOCKS, k_scale)
-            else:
-                tl.store(k_scale_ptr + h * n_kblocks + k_blk * SUBBLOCKS + blk, k_scale)
+    # Every sub-block of a live attention block is written, empty ones as zeros: the kernel
+    # masks their scores, but P = 0 times a NaN byte left in V^T would still be NaN. So are
+    # the blocks between the call's key length and the plan's (SEQ_K_PLAN), which the
+    # attention kernel visits masked.
+    blk_start = (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_N)
+    if blk_start < k_plan:
+        rmask = blk * BLOCK_N + loc < k_len
+        k_at, m = _kv_block_at(k_ptr, b, h, k_sb, k_st, k_sh, k_sd, k_src, k_len, blk, loc,
+                               offs_d, dmask, BLOCK_N)
+        k = tl.load(k_at, mask=m, other=0.0).to(tl.float32)
+        if ROPE:
+            k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
+                            loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
+                            SOFT_FP8_CAST)
+        v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk,
+                                vloc, offs_d, dmask, BLOCK_N)
+        if KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
+            # Programs of fewer rows: V's tile asked for now overlaps K's work (Triton keeps a
+            # load after the K store in program order); 256-row programs (D=64) measured slower
+            # so (H200, 2026-12-03: 0.18 -> 0.19 ms at CogVideoX, 1.64 -> 1.34 ms at Wan 720p
+            # with the count below left out)
+            v = tl.load(v_at, mask=mv, other=0.0)
+        ks = tl.where(m, k - k_mean[None, :], 0.0)
+        if not KAMAX_FROM_STATS:
+            n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
+        if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
+            ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
+        if TENSOR_SCALES:
+            k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
+        elif KAMAX_FROM_STATS:
+            kst = kblk_ptr + ((h * n_kblocks + k_blk + blk // SUBBLOCKS) * 2) * DP + offs_d
+            kmx = tl.load(kst)
+            kmn = tl.load(kst + DP)
+            # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
+            # its mean overflowing is flagged here, so the tile's own count is not taken
+            span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
+            ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
+            n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
+            k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
+            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+            # a block past the call's keys: its statistics were never written; a unit scale
+            # keeps its (masked) scores finite
+            n_bad = tl.where(blk_start < k_len, n_bad, 0)
+            k_scale = tl.where(blk_start < k_len, k_scale, 1.0)
+        else:
+            k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
+            k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
+        k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+        prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
+        k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
+        if TWO_TERM:
+            tl.store(k8lo_ptr + k_at, residual_int8(finite_or(ks, 0.0), 1.0 / k_scale, k8))
+        k_scale = tl.where(n_bad > 0, float("nan"), k_scale)
+        tl.store(k8_ptr + k_at, k8)
+        if blk % SUBBLOCKS == 0:  # the kv block's scale, from its first program
+            tl.store(k_scale_ptr + h * n_kblocks + k_blk + blk // SUBBLOCKS, k_scale)
 
-            if ITERS == 1 and (ROPE or not KAMAX_FROM_STATS):
-                v = tl.load(v_at, mask=mv, other=0.0)
-            v = v.to(tl.float32)
-            # Transposed in registers so the store runs along tokens (contiguous in v8t).
-            if PV_BF16:
-                v8t = tl.trans(to_bf16(tl.where(mv, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
-            else:
-                # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention
-                # kernel multiplies P by it): see v_block_log2_scale.
-                inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
-                vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
-                v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST, CLAMP=not FINITE_FAST))
-            tl.store(
-                v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
-                + offs_d[:, None] * Tk_pad + loc[None, :],
-                v8t,
-            )
-
-
-@triton.jit
-def _max_keep_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M: tl.constexpr, QMAX: tl.constexpr,
-                        QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
-                        TENSOR_SCALES: tl.constexpr):
-    """Per-row scales of ``qr`` (``q`` rotated, or ``q``), its int8 / fp8 codes, and each
-    row's count of non-finite values of ``q`` (any values: non-finite ones left out of the
-    scale)."""
-    if TENSOR_SCALES:
-        scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
-    else:
-        amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
-        scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
-    q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
-    n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
-    return scale, q8, n_bad
+        if ROPE or not KAMAX_FROM_STATS:
+            v = tl.load(v_at, mask=mv, other=0.0)
+        v = v.to(tl.float32)
+        # Transposed in registers so the store runs along tokens (contiguous in v8t).
+        if PV_BF16:
+            v8t = tl.trans(to_bf16(tl.where(mv, v - v_mean[None, :], 0.0), SOFT_FP8_CAST))
+        else:
+            # Each block's fp8 grid is stretched by its own factor in [1, 2) (the attention
+            # kernel multiplies P by it): see v_block_log2_scale.
+            inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
+            vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
+            v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+        tl.store(
+            v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
+            + offs_d[:, None] * Tk_pad + loc[None, :],
+            v8t,
+        )
 
 
 @triton.jit
@@ -700,21 +526,13 @@ def quantize_q_kernel(
     SMOOTH_K: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     TENSOR_SCALES: tl.constexpr, ROTATE: tl.constexpr = False,
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
-    ITERS: tl.constexpr = 1, FINITE_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
 ):
-    """``ITERS`` consecutive blocks of ``BLOCK_M`` query tokens of one head: per-token scale.
+    """A block of ``BLOCK_M`` query tokens of one head: per-token scale.
 
     ``SUBBLOCKS``: the plan's query tiles (padded per sequence) hold this many of these blocks;
     every block of a live tile is written, rows past the sequence as zeros.
-    ``ITERS`` > 1: the program walks its blocks in turn and asks for the next block's rows
-    before the current one's work, so its loads overlap its arithmetic and stores (as the
-    statistics pass's ``PREFETCH``) instead of waiting for each block in a fresh program.
-    ``FINITE_FAST`` (int8 codes, per-token scales, no rotation, one term): a block whose values
-    are all finite, which one NaN-keeping max per row tells, skips the finiteness tests and the
-    clamp of :func:`_q_scales_and_codes` (its codes cannot leave [-127.5, 127.5] then), bitwise
-    the same codes and scales; a block with a non-finite value takes that path.
 
     Also stores ``sm_scale * q . mean(K)`` per row: K smoothing shifted every score of the row by
     that amount, and the true log-sum-exp needs it back. ``TENSOR_SCALES``: every row gets Q's
@@ -724,7 +542,7 @@ def quantize_q_kernel(
     (``_block_and_head``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
-    pid, h, H, b = _block_and_head(ROPE != 0)
+    blk, h, H, b = _block_and_head(ROPE != 0)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
@@ -732,61 +550,39 @@ def quantize_q_kernel(
     q_pad = tl.multiple_of(tl.load(seq_ptr + b * 8 + 4), 16)  # a multiple of the q tile
     offs_d = tl.arange(0, DP)
     loc = tl.arange(0, BLOCK_M)
-    blk0 = pid * ITERS
-    if ITERS > 1:
-        q_nxt = _load_q_rows(q_ptr, b, h, q_src, q_len, blk0, q_sb, q_st, q_sh, q_sd, D,
-                             DP, BLOCK_M)
-    for it in tl.static_range(ITERS):
-        blk = blk0 + it
-        if ITERS > 1:
-            q_raw = q_nxt
-            if it + 1 < ITERS:
-                q_nxt = _load_q_rows(q_ptr, b, h, q_src, q_len, blk + 1, q_sb, q_st, q_sh,
-                                     q_sd, D, DP, BLOCK_M)
-        if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
-            if ITERS == 1:
-                q_raw = _load_q_rows(q_ptr, b, h, q_src, q_len, blk, q_sb, q_st, q_sh, q_sd,
-                                     D, DP, BLOCK_M)
-            q = q_raw.to(tl.float32)
-            rmask = blk * BLOCK_M + loc < q_len
-            if ROPE:
-                q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
-                                loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
-                                ROPE_RANGE, SOFT_FP8_CAST)
-            if ROTATE:
-                qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
-            else:
-                qr = q
-            if FINITE_FAST and QK_INT8 and not (ROTATE or TWO_TERM or TENSOR_SCALES):
-                # NaN or inf where a row holds a non-finite value, else the row's amax
-                amax = tl.reduce(tl.abs(q), 1, _max_keep_nan)
-                if tl.max(tl.where(amax < float("inf"), 0, 1), 0) == 0:
-                    scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
-                    # the product rounded on its own, as the tested path's clamp between it
-                    # and the rounding's +-0.5 makes it (an FMA would round once less)
-                    q8 = int8_rn_in_range(mul_rn(q, (1.0 / scale)[:, None], SOFT_FP8_CAST))
-                    n_bad = tl.zeros([BLOCK_M], dtype=tl.int32)
-                else:
-                    scale, q8, n_bad = _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M, QMAX,
-                                                           QK_INT8, SOFT_FP8_CAST,
-                                                           TENSOR_SCALES)
-            else:
-                scale, q8, n_bad = _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M, QMAX, QK_INT8,
-                                                       SOFT_FP8_CAST, TENSOR_SCALES)
-            prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in [H*Tq_pad]
-            q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
-            if TWO_TERM:
-                tl.store(q8lo_ptr + q_at,
-                         residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
-            scale = tl.where(n_bad > 0, float("nan"), scale)
-            tl.store(q8_ptr + q_at, q8)
-            tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
-            corr = tl.zeros([BLOCK_M], dtype=tl.float32)
-            if SMOOTH_K:
-                if k_len > 0:
-                    k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
-                    corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
-            tl.store(q_lse_corr_ptr + prow0 + loc, corr)
+    if (blk // SUBBLOCKS) * (SUBBLOCKS * BLOCK_M) < q_len:
+        q = _load_q_rows(q_ptr, b, h, q_src, q_len, blk, q_sb, q_st, q_sh, q_sd,
+                         D, DP, BLOCK_M).to(tl.float32)
+        rmask = blk * BLOCK_M + loc < q_len
+        if ROPE:
+            q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
+                            loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
+                            ROPE_RANGE, SOFT_FP8_CAST)
+        if ROTATE:
+            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
+        else:
+            qr = q
+        if TENSOR_SCALES:
+            scale = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr) / QMAX
+        else:
+            amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
+            scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
+        q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
+        n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
+        prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in [H*Tq_pad]
+        q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
+        if TWO_TERM:
+            tl.store(q8lo_ptr + q_at,
+                     residual_int8(finite_or(qr, 0.0), (1.0 / scale)[:, None], q8))
+        scale = tl.where(n_bad > 0, float("nan"), scale)
+        tl.store(q8_ptr + q_at, q8)
+        tl.store(q_scale_ptr + prow0 + loc, scale * sm_scale_log2)
+        corr = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if SMOOTH_K:
+            if k_len > 0:
+                k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
+                corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
+        tl.store(q_lse_corr_ptr + prow0 + loc, corr)
 
 
 # ---------------------------------------------------------------------------------------------

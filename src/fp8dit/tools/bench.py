@@ -198,7 +198,7 @@ class Case:
     device: torch.device
     recipe: str
     sets: list  # [(q, k, v)] in ``layout``
-    _staged: tuple | None = None  # (plan, cfg, recipe, scale, [Staged per set])
+    _staged: tuple | None = None  # (plan, launch, recipe, scale, [Staged per set])
     _cudnn_fp8: object = None  # cudnn_fp8.CudnnFp8Attention, built by the first cuDNN FP8 row
 
     def swap_hn(self, t):
@@ -217,20 +217,19 @@ class Case:
 
             B, H, S, D = self.shape.B, self.shape.H, self.shape.S, self.shape.D
             rec, scale = get_recipe(self.recipe), 1.0 / math.sqrt(D)
-            plan, cfg = attend.plan_for(
+            plan, launch = attend.plan_for(
                 [S] * B, [S] * B, varlen=False, num_heads=H, num_kv_heads=H, head_dim=D,
                 is_causal=False, device=self.device, recipe=rec,
             )
-            sm90 = attend.use_gluon_sm90(plan, rec, self.device, cfg.get("kernel"))
             staged = []
             for q, k, v in self.sets:
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=self.device, dtype=torch.float32)
                 st = tuple(attend._bthd_strides(t, self.layout) for t in (q, k, v, out))
                 ws = quantize.quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],
-                                          kv_perm16=sm90 is not None)
+                                             kv_perm16=launch.kernel == "gluon-ws")
                 staged.append(Staged((q, k, v), st, ws, out, lse))
-            self._staged = (plan, cfg, rec, scale, staged, sm90)
+            self._staged = (plan, launch, rec, scale, staged)
         return self._staged
 
 
@@ -257,12 +256,12 @@ def _make_fp8dit_auto(case: Case):
 def _make_fp8dit_kernel(case: Case):
     from ..attend import attention_stage
 
-    plan, cfg, _, _, staged, sm90 = case.staged()
+    plan, launch, _, _, staged = case.staged()
 
     def fn(i):
         x = staged[i]
         lse_strides = (x.lse.stride(0), x.lse.stride(1), x.lse.stride(2))
-        attention_stage(plan, cfg, x.ws, x.out, x.strides[3], x.lse, lse_strides, sm90=sm90)
+        attention_stage(plan, launch, x.ws, x.out, x.strides[3], x.lse, lse_strides)
         return x.out
 
     def poisoned_fn(i):  # the check call: every output element must be written by the kernel
@@ -276,13 +275,13 @@ def _make_fp8dit_kernel(case: Case):
 def _make_fp8dit_quant(case: Case):
     from ..quantize import quantize_stage
 
-    plan, _, rec, scale, staged, sm90 = case.staged()
+    plan, launch, rec, scale, staged = case.staged()
 
     def fn(i):
         x = staged[i]
         (q, k, v), st = x.qkv, x.strides
         quantize_stage(plan, rec, scale, q, st[0], k, st[1], v, st[2],  # allocates, as e2e
-                       kv_perm16=sm90 is not None)
+                       kv_perm16=launch.kernel == "gluon-ws")
         return None
 
     return fn
@@ -406,7 +405,7 @@ class Row:
     family: str = "normal"
     n_sets: int = 0
     recipe: str | None = None
-    kernel: str | None = None  # the attention kernel an fp8dit row ran (attend.kernel_for)
+    kernel: str | None = None  # the attention kernel an fp8dit row ran (dispatch.choose_kernel)
     interpreter: bool = False
     bad: bool = False  # failed, NaN or cos vs ref below MIN_COS
     ms_rounds: list | None = None  # each timing round's median (``ms`` is their median)
@@ -464,7 +463,7 @@ def _time_gpu(fn, n_sets: int, warmup: int, repeats: int, max_ms: float, est: fl
 
 class _GpuClocks:
     """SM clock, board power and power-cap flag sampled by ``nvidia-smi -lms`` while a backend
-    is timed. Why: an H200 running these kernels sits at its 700 W cap (run s13-2: the FP8
+    is timed. Why: an H200 running these kernels sits at its 700 W cap (2026-12-03: the FP8
     kernel at ~1.82 GHz, cuDNN at ~1.65 GHz), so a time is only comparable with its clock next
     to it. Without nvidia-smi every figure is None."""
 
@@ -575,10 +574,10 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
         except Exception as e:  # noqa: BLE001 - any failure means: try the next reference
             _log(f"[bench]   reference {name} failed: {_first_line(e)}")
             ref = None
-    from ..attend import kernel_for
+    from ..dispatch import choose_kernel
     from ..recipes import get_recipe
 
-    kernel = kernel_for(shape.D, shape.S, False, get_recipe(recipe), device)
+    kernel, _ = choose_kernel(shape.D, shape.S, False, get_recipe(recipe), device)
     rows, ready = [], []
     for name in backends:
         row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None,
@@ -622,7 +621,7 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
 
 def _time_rounds(ready, shape, n_sets, warmup, repeats, max_ms, rounds, device) -> None:
     """Times every ready (row, fn, first-call ms) in ``rounds`` rounds whose order rotates, so
-    a GPU that warms up, or sits at its power cap, weighs on every backend alike (run s13-2:
+    a GPU that warms up, or sits at its power cap, weighs on every backend alike (H200, 2026-12-03:
     the FP8 kernel slowed 116 -> 119 ms over 40 s of Wan 720p calls while cuDNN held 208 ms;
     one block per backend, in a fixed order, favoured whichever ran first). ``row.ms`` is the
     median of the rounds' medians, each round ``repeats / rounds`` runs long."""

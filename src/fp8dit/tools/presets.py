@@ -1,4 +1,5 @@
-"""Real DiT self-attention shapes (``/work/shared/ANCHORS.md``) as data, and ``--shape`` parsing.
+"""Real DiT self-attention shapes (the models' published configurations) as data, and
+``--shape`` parsing.
 
 Every preset is non-causal self-attention on bfloat16 inputs with ``Sq == Sk``. ``bench`` and
 ``check`` take ``--preset NAME`` (repeatable, or ``all``) and ``--shape B,H,S,D``.

@@ -1,0 +1,292 @@
+"""Measured tuning of the FP8 path, as frozen data: tiles, warps, stages, programs per SM,
+register caps, the quantization's launch shape, and the lengths from which each kernel runs.
+
+Every value changes speed only, never a result bit (one exception, said where it sits: the
+statistics pass's sub-tile sets the order of fp32 sums, the channel means' last bits). Each
+carries the measurement that chose it (``measured``: GPU, date, what was compared). Readers:
+:mod:`fp8dit.attend` (tiles), :mod:`fp8dit.quantize` (the quantization's launches),
+:mod:`fp8dit.key_padding` (the mask-reading kernels) and :func:`fp8dit.dispatch.choose`
+(which backend and kernel a call runs).
+
+Benchmarks and tests vary it for a block of code, in this thread or task only::
+
+    with tuning.override(tiles={128: dict(block_n=64)}):
+        fp8dit.attention(q, k, v)
+
+A dict changes the named fields of a table entry (or of :class:`Quantization`), anything else
+replaces the value. Plans are cached by their tile sizes, so a tile override gets its own plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "Crossover",
+    "GluonTiles",
+    "MaskTiles",
+    "Quantization",
+    "Table",
+    "TritonTiles",
+    "Tuning",
+    "VerifiedRelease",
+    "DEFAULT",
+    "current",
+    "override",
+]
+
+
+class Table(Mapping):
+    """An immutable mapping (a padded head dim, or a field name, to its entry) that
+    torch.compile traces through: :func:`fp8dit.dispatch.choose` reads these tables in
+    compiled code, and a ``MappingProxyType`` breaks the graph when any dict changes during
+    the trace."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping = ()):
+        object.__setattr__(self, "_items", tuple(dict(items).items()))
+
+    def __getitem__(self, key):
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return any(k == key for k, _ in self._items)
+
+    def get(self, key, default=None):
+        for k, v in self._items:
+            if k == key:
+                return v
+        return default
+
+    def __iter__(self):
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("tuning tables are frozen; use tuning.override")
+
+    def __repr__(self) -> str:
+        return f"Table({dict(self._items)!r})"
+
+
+@dataclass(frozen=True)
+class TritonTiles:
+    """Launch shape of the Triton attention kernel (``kernels/attention.py``)."""
+
+    block_m: int  # query rows per tile
+    block_n: int  # keys per kv step
+    num_warps: int
+    num_stages: int  # depth of the pipelined K/V loads
+    programs_per_sm: int  # persistent programs per SM
+    maxnreg: int | None  # registers per thread at most (None: as ptxas likes)
+    measured: str
+
+
+@dataclass(frozen=True)
+class GluonTiles:
+    """The warp-specialized Gluon kernel's kv loop (``kernels/attention_sm90_ws.py``). Its work
+    items are 128 query rows, 64 per consumer warpgroup, one program of three partitions per
+    SM: structure, not tuning."""
+
+    block_n: int  # keys per kv step: 128, or 256 as two dots of 128
+    stages: int  # K/V ring slots
+    p_regs: bool  # 256-key steps: the PV dots read P from registers, not shared memory
+    rowsum_dot: bool  # 256-key steps with p_regs: P's row sums from dots with a tile of ones
+    split_kv: bool  # 256-key steps: K and V of a ring slot on their own barriers
+    consumer_regs: int  # registers per consumer thread (the producer warp keeps 24)
+    measured: str
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Lengths from which a kernel measured faster, at one padded head dim. Against SDPA
+    cuDNN the length is the call's effective one (:func:`fp8dit.dispatch.effective_tokens`);
+    against the Triton kernel it is the longest key sequence. None: at no length measured."""
+
+    gluon_ws: int | None  # the warp-specialized kernel beats the Triton kernel and SDPA
+    triton: int | None  # the Triton kernel beats SDPA (where the other cannot run)
+    measured: str
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Launch shape of the quantization kernels (``kernels/quantize.py``). The workspace is
+    bitwise the same whatever the values, except that ``stats_sub_elems`` sets the order of
+    the statistics' fp32 sums (the channel means' last bits)."""
+
+    # Rows per quantize_kv program by padded head dim, where one K scale spans a longer kv
+    # block (the block's amax then comes from the statistics pass); absent or 0: the block.
+    kv_rows: Mapping[int, int]
+    # Rows per quantize_q program by padded head dim; absent: the plan's query tile.
+    q_rows: Mapping[int, int]
+    # Elements per sub-tile of the channel-statistics pass (its rows: this / padded head dim),
+    # on the GPU and under Triton's CPU interpreter.
+    stats_sub_elems: int
+    stats_sub_elems_interpret: int
+    stats_warps: int
+    measured: Mapping[str, str]  # field name -> GPU, date: what was compared
+
+
+@dataclass(frozen=True)
+class MaskTiles:
+    """The mask-reading kernels' launch (``kernels/mask_stats.py``)."""
+
+    rows: int  # mask rows per program (word kernel: rows of one phase class)
+    cols: int  # bytes (byte kernel) or int32 words (word kernel) per step
+    num_warps: int
+    measured: str
+
+
+@dataclass(frozen=True)
+class VerifiedRelease:
+    """A Triton release on which the warp-specialized kernel ran and measured correct and
+    faster; ``FP8DIT_KERNEL=auto`` runs that kernel only on these (Gluon's API changes between
+    releases)."""
+
+    triton: str  # major.minor
+    gpu: str
+    date: str
+    measured: str
+
+
+@dataclass(frozen=True)
+class Tuning:
+    tiles: Mapping[int, TritonTiles]  # one-term recipes, by padded head dim
+    two_term_tiles: Mapping[int, TritonTiles]  # recipes with qk_terms=2, where they differ
+    gluon_tiles: Mapping[int, GluonTiles]  # non-causal calls, by padded head dim
+    gluon_causal_tiles: Mapping[int, GluonTiles]  # causal calls (FP8DIT_KERNEL=gluon-ws)
+    crossovers: Mapping[int, Crossover]  # by padded head dim
+    gluon_releases: tuple[VerifiedRelease, ...]
+    quantization: Quantization
+    mask_bytes: MaskTiles  # masks read byte by byte (any strides)
+    mask_words: MaskTiles  # masks whose rows are contiguous, read as int32 words
+
+
+_TWO_TERM = ("sm_90 SASS (triton 3.9), 2026-12-02: the one-term tiles spilled in the kv loop "
+             "(89 at D=64, 4 at D=128) and took 161 KB at D=128; H200, 2026-12-02: fastest of "
+             "64/128 keys x 2/3 stages at Wan 720p and CogVideoX")
+_CAUSAL = ("sm_90 SASS (triton 3.6), 2026-12-03: the 256-key step's masked loop spills ~40 "
+           "registers at D=128, the 128-key loop none; three slots are 96 KB of K/V at D=128")
+
+DEFAULT = Tuning(
+    tiles=Table({
+        64: TritonTiles(64, 128, 4, 2, 3, 168,
+                        "H200, 2026-12-02: 3 programs/SM (168 registers, 65,536 / 384 = 170 at "
+                        "most), 2 stages: 460 against 438 TFLOPS at CogVideoX"),
+        128: TritonTiles(64, 128, 4, 3, 2, None,
+                         "H200, 2026-12-02: 64-row tiles, 4 warps, 2 programs/SM: 741 against "
+                         "583 TFLOPS (128-row tiles, 8 warps) at Wan 720p; 3 programs/SM 738"),
+        256: TritonTiles(64, 64, 4, 2, 2, None,
+                         "H200, 2026-12-02: 64x64 tiles, 4 warps: 412 TFLOPS against 299-405 "
+                         "for 8 warps or 128-wide tiles"),
+    }),
+    two_term_tiles=Table({
+        64: TritonTiles(64, 64, 4, 3, 2, None, _TWO_TERM),
+        128: TritonTiles(64, 64, 4, 3, 2, None, _TWO_TERM),
+    }),
+    gluon_tiles=Table({
+        64: GluonTiles(256, 2, True, True, True, 240,
+                       "H200, 2026-12-04: K and V on their own barriers, CogVideoX 13.29 against "
+                       "14.19 ms; 2026-12-03: the row-sum dot (P in registers) 527 against 475 "
+                       "TFLOPS"),
+        128: GluonTiles(256, 2, True, True, False, 240,
+                        "H200, 2026-12-03: 256-key steps +8-10% over 128; P from registers 912 "
+                        "against 852 TFLOPS, the row-sum dot 960 against 898 at Wan 720p; 3 "
+                        "stages 1-2% slower; 2026-12-04: split K/V barriers spill, 28.5 against "
+                        "22.9 ms at Wan 480p"),
+    }),
+    gluon_causal_tiles=Table({
+        64: GluonTiles(128, 3, False, False, False, 240, _CAUSAL),
+        128: GluonTiles(128, 3, False, False, False, 240, _CAUSAL),
+    }),
+    crossovers=Table({
+        64: Crossover(8192, 17000,
+                      "H200, 2026-12-03, end to end against SDPA cuDNN, 48 heads: "
+                      "warp-specialized 1.14x at 8,192 and 12,288 tokens (1.67 against 1.91 ms "
+                      "on the Triton kernel at 8,192); Triton kernel 1.00x at 8,192, 0.98x at "
+                      "12,288, 1.12x at 17,776"),
+        128: Crossover(8192, 8192,
+                       "H200, 2026-12-03, end to end against SDPA cuDNN, 24 heads: "
+                       "warp-specialized 1.36x at 8,192 tokens, 0.44x at 4,608 (where the Triton "
+                       "kernel is faster, 0.86 against 0.99 ms); Triton kernel 1.08x at 8,192"),
+        256: Crossover(None, None,
+                       "H200, 2026-12-02: 0.62x the speed of SDPA cuDNN with the best tiles"),
+    }),
+    gluon_releases=(
+        VerifiedRelease("3.6", "NVIDIA H200", "2026-12-04",
+                        "matched the Triton kernel against fp64 (13 cases, the GPU test "
+                        "suite) and ran faster end to end from 8,192 tokens"),
+    ),
+    quantization=Quantization(
+        kv_rows=Table({128: 32, 64: 64}),
+        q_rows=Table({128: 32}),
+        stats_sub_elems=512,
+        stats_sub_elems_interpret=2048,
+        stats_warps=4,
+        measured=Table({
+            "kv_rows": "H200, 2026-12-03: quantize_kv at Wan 720p 0.71 ms with 32 rows against "
+                       "0.79 (64) and 1.23 (256); CogVideoX (D=64) 0.103 with 64 against 0.169",
+            "q_rows": "H200, 2026-12-03: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; "
+                      "D=64 no faster",
+            "stats_sub_elems": "H200, 2026-12-03: 4-row sub-tiles at D=128, Wan 720p 0.61 ms "
+                               "against 0.68 for 8 rows and 0.86 for 16",
+            "stats_sub_elems_interpret": "CPU interpreter, 2026-12-03: every loop step costs "
+                                         "Python time; 4-row sub-tiles took a 65k-token test "
+                                         "66 s instead of 28",
+            "stats_warps": "H200, 2026-12-03: 8 warps slower than 4",
+        }),
+    ),
+    mask_bytes=MaskTiles(32, 512, 4,
+                         "H200, 2026-12-04: 2.1 ms at HunyuanVideo 1.5 480p against 3.3 for "
+                         "64 x 256 bytes with 8 warps"),
+    mask_words=MaskTiles(32, 128, 1,
+                         "H200, 2026-12-04: 0.92 ms at HunyuanVideo 1.5 480p, 16 x 256 words "
+                         "with 4 warps the same"),
+)
+
+_active: contextvars.ContextVar[Tuning] = contextvars.ContextVar("fp8dit_tuning",
+                                                                 default=DEFAULT)
+
+
+def current() -> Tuning:
+    """The tuning in force: :data:`DEFAULT` unless an :func:`override` is active."""
+    return _active.get()
+
+
+def _changed(value, change):
+    if isinstance(change, Mapping) and dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{name: _changed(getattr(value, name), c)
+                                             for name, c in change.items()})
+    if isinstance(change, Mapping) and isinstance(value, Mapping):
+        missing = [k for k, c in change.items() if k not in value and isinstance(c, Mapping)]
+        if missing:
+            raise KeyError(f"tuning.override: no entry {missing[0]!r} to change; give a whole one")
+        return Table({**value, **{k: _changed(value[k], c) if k in value else c
+                                    for k, c in change.items()}})
+    return change
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Tuning]:
+    """Run a block of code under changed tuning (benchmarks, tests); yields it.
+
+    Example
+    -------
+    >>> with tuning.override(tiles={128: dict(block_n=64)}, quantization=dict(q_rows={128: 64})):
+    ...     out = fp8dit.attention(q, k, v)
+    """
+    token = _active.set(_changed(current(), changes))
+    try:
+        yield current()
+    finally:
+        _active.reset(token)
