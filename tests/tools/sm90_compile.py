@@ -122,6 +122,7 @@ def _loop_report(body: list[str]) -> dict:
     return {
         "instructions": len(body),
         "spills": _spills(body),
+        "stl": sum(1 for t in body if re.search(r"\bSTL\b", t)),
         "registers": loop_registers(body),
         "exp_under_pv": under,
         "igmma": sum("IGMMA" in t for t in body), "qgmma": sum("QGMMA" in t for t in body),
