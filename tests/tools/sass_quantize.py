@@ -1,8 +1,8 @@
 """The quantization kernels' sm_90 SASS as the H200 runs them, on a machine without a GPU.
 
-    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py kv [--rows 32] [--dp 128]
-    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py q [--rows 32]
-    PYTHONPATH=<triton 3.6>:src python tests/tools/sass_quantize.py stats [--sub 4]
+    PYTHONPATH=src python tests/tools/sass_quantize.py kv [--rows 32] [--dp 128]
+    PYTHONPATH=src python tests/tools/sass_quantize.py q [--rows 32]
+    PYTHONPATH=src python tests/tools/sass_quantize.py stats [--sub 4]
 
 ``--rope 1`` / ``--rope 2``: with Wan's rotary embedding fused in (fp32 / bf16 tables);
 ``--rope 3``: diffusers' ``apply_rotary_emb`` (whole fp32 cos and sin rows); ``--rope-range``:
@@ -11,7 +11,8 @@ tokens outside the tables' rows left as they are (HunyuanVideo's and CogVideoX's
 Compiles one kernel with the constexprs of the warp-specialized path at Wan 720p and the
 specializations a launch gets (pointers and the named integers divisible by 16, unit strides
 constant), and prints its registers, shared memory and global/local memory instruction counts
-(V^T's byte-wise store, ``STG.E.U8``, was found this way). ``--dump FILE`` writes the SASS.
+(V^T's store went byte-wise once, ``STG.E.U8``, and showed here). ``--dump FILE`` writes the
+SASS. Any Triton release (tests/test_sm90_compile.py runs it with the installed one).
 """
 
 from __future__ import annotations

@@ -68,16 +68,47 @@ def _spills(body: list[str]) -> int:
     return sum(1 for t in body if re.search(r"\b(LDL|STL)\b", t))
 
 
+def loop_registers(body: list[str]) -> int:
+    """Distinct registers a loop body names (a wgmma's accumulator and A-operand ranges
+    counted whole): what the loop holds, out of the warpgroup's register budget."""
+    regs = set()
+    for t in body:
+        regs.update(int(r) for r in re.findall(r"\bR(\d+)\b", t))
+        m = re.search(r"GMMA\.64x(\d+)x\d+\S* R(\d+), (R(\d+)|gdesc)", t)
+        if m:  # 64xN fp32/int32 accumulator: N / 2 registers a thread; A from registers: 4
+            regs.update(range(int(m.group(2)), int(m.group(2)) + int(m.group(1)) // 2))
+            if m.group(4):
+                regs.update(range(int(m.group(4)), int(m.group(4)) + 4))
+    return len(regs)
+
+
+def _loop_report(body: list[str]) -> dict:
+    """``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``,
+    PV still in flight) and the wait for the PV dot (``0x0``): the softmax the 128-key loop
+    exists to overlap with the PV dot (ptxas moves that wait when it reuses the P registers or
+    meets a branch, and then this drops to ~0; the 256-key step waits for its PV dots within
+    the step, so 0 there)."""
+    waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
+    under = 0
+    for i in waits:
+        if body[i].rstrip().endswith("0x1"):
+            j = next((w for w in waits if w > i and body[w].rstrip().endswith("0x0")),
+                     len(body))
+            under = max(under, sum("MUFU.EX2" in t for t in body[i:j]))
+    return {
+        "instructions": len(body),
+        "spills": _spills(body),
+        "stl": sum(1 for t in body if re.search(r"\bSTL\b", t)),
+        "registers": loop_registers(body),
+        "exp_under_pv": under,
+        "igmma": sum("IGMMA" in t for t in body), "qgmma": sum("QGMMA" in t for t in body),
+    }
+
+
 def gluon_attention_report(dp: int, causal: bool) -> dict:
     """Compile ``kernels.attention_sm90_ws`` for sm_90 as the dispatcher launches it at padded
     head dim ``dp`` (``tuning.gluon_tiles``, ``gluon_causal_tiles`` when ``causal``) and
-    describe its kv loops' SASS.
-
-    ``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``, PV
-    still in flight) and the wait for the PV dot (``0x0``) in each loop: the softmax the
-    kernel exists to overlap with the PV dot. ptxas moves that wait when it reuses the P
-    registers or meets a branch, and then this drops to ~0.
-    """
+    describe its kv loops' SASS (:func:`_loop_report`)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -108,20 +139,7 @@ def gluon_attention_report(dp: int, causal: bool) -> dict:
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     out = {"dp": dp, "causal": causal, "block_n": tiles.block_n,
            "shared": ck.metadata.shared, "loops": []}
-    for body in mma_loops(_disassemble(ck.asm["cubin"])):
-        waits = [i for i, t in enumerate(body) if "WARPGROUP.DEPBAR.LE" in t]
-        under = 0
-        for i in waits:
-            if body[i].rstrip().endswith("0x1"):
-                j = next((w for w in waits if w > i and body[w].rstrip().endswith("0x0")),
-                         len(body))
-                under = max(under, sum("MUFU.EX2" in t for t in body[i:j]))
-        out["loops"].append({
-            "instructions": len(body),
-            "spills": _spills(body),
-            "exp_under_pv": under,
-            "igmma": sum("IGMMA" in t for t in body), "qgmma": sum("QGMMA" in t for t in body),
-        })
+    out["loops"] = [_loop_report(body) for body in mma_loops(_disassemble(ck.asm["cubin"]))]
     return out
 
 
@@ -154,7 +172,8 @@ def main(path: str) -> int:
             sass = _disassemble(ck.asm["cubin"])
             ops = collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
             out.update(ok=True, sass=dict(ops), shared=ck.metadata.shared,
-                       loop_spills=inner_loop_spills(sass))
+                       loop_spills=inner_loop_spills(sass),
+                       loops=[_loop_report(body) for body in mma_loops(sass)])
         except Exception as e:  # noqa: BLE001 - reported to the test
             out.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
             status = 1

@@ -49,6 +49,7 @@ kernel only on the releases in ``tuning.DEFAULT.gluon_releases`` (the CPU interp
 Gluon).
 """
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -209,6 +210,16 @@ def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_
                  + gl.expand_dims(offs_d, 0), o)
         gl.store(part_lse_ptr + part_row0 + offs_m, lse)
 
+# Triton 3.8 only: its sm_90 code for the 256-key steps at D=128 spilled the PV sum and row
+# sums carried by the main kv loop on every step (15 LDL/STL; ptxas 12.9 as 3.8 ships it),
+# because ptxas spilled those values over their whole range, the masked tail loop's included,
+# where it ran out of registers. A copy of the PV sum between the two loops (one PTX mov per
+# register) gives the tail loop a range of its own: the main loop then keeps one reload per
+# step, as with 3.6. Off elsewhere: 3.6's code is the one measured on the H200 (unchanged),
+# and with 3.9 the copy leaves the main loop as it is and adds 8 spills to the tail loop
+# (sm_90 SASS, docs/triton_releases.md).
+TAIL_OWN_RANGE = gl.constexpr(".".join(triton.__version__.split(".")[:2]) == "3.8")
+
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
@@ -312,6 +323,14 @@ def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
     else:
         l_part = gl.zeros_like(c)
     return _p_to_fp8(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), l_part
+
+
+@gluon.jit
+def _copy(x):
+    """``x`` through one mov per register (``TAIL_OWN_RANGE``): LLVM keeps it, so ptxas sees
+    a new value whose registers it may spill apart from ``x``'s."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32,
+                                     is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -541,6 +560,8 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
                     v_full, v_empty, SPLIT_KV)
                 cnt += 1
+            if TAIL_OWN_RANGE:
+                acc = _copy(acc)
             for kb in range(hi_main, kv_hi):
                 m_i, l_i, acc = _consumer_step_wide(
                     kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
