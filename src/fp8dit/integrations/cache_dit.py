@@ -166,6 +166,13 @@ def register():
     RuntimeError
         cache-dit's internals changed in a way this adapter does not fit.
     """
+    import importlib
+
+    try:
+        importlib.import_module(_REGISTER)
+    except ImportError as e:
+        raise ImportError(f"fp8dit's cache-dit adapter needs cache-dit=={SUPPORTED_VERSION} "
+                          f"(pip install 'fp8dit[cache-dit]'): {e}") from e
     problems = cache_dit_internals_problems()
     if problems:
         import cache_dit

@@ -166,6 +166,13 @@ def register():
     RuntimeError
         xDiT's internals changed in a way this adapter does not fit.
     """
+    import importlib
+
+    try:
+        importlib.import_module(_BACKENDS)
+    except ImportError as e:
+        raise ImportError(f"fp8dit's xDiT adapter needs xfuser=={SUPPORTED_VERSION} "
+                          f"(pip install 'fp8dit[xdit]'): {e}") from e
     problems = xdit_internals_problems()
     if problems:
         import xfuser
