@@ -1,0 +1,96 @@
+"""The core shared by the serving-engine adapters (fp8dit.integrations.engine_core), no engine
+needed: layouts, LSE layouts, scale, the SDPA fallback and its log line, varlen."""
+
+import logging
+import math
+
+import pytest
+import torch
+
+from fp8dit.integrations.engine_core import Engine, attend, attend_varlen
+from fp8dit.testing import attention_ref, attention_varlen_ref, error_stats
+
+
+def _qkv(sq=70, sk=70, h=2, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, sq, h, d, generator=g).bfloat16(),
+            torch.randn(1, sk, h, d, generator=g).bfloat16(),
+            torch.randn(1, sk, h, d, generator=g).bfloat16())
+
+
+@pytest.mark.parametrize("layout,lse_layout", [("NHD", "BHS"), ("HND", "BHS"), ("NHD", "BSH")])
+def test_layouts_scale_and_lse_layouts(layout, lse_layout):
+    q, k, v = _qkv()
+    scale = 0.1
+    ref, ref_lse = attention_ref(q, k, v, scale=scale, return_lse=True)  # NHD, [B, H, S]
+    engine = Engine("test")
+    args = (q, k, v) if layout == "NHD" else tuple(t.transpose(1, 2) for t in (q, k, v))
+    with engine.record_calls() as calls:
+        out, lse = attend(engine, *args, layout=layout, scale=scale, return_lse=True,
+                          lse_layout=lse_layout)
+    assert calls[0]["backend"] == "fp8", calls
+    if layout == "HND":
+        out = out.transpose(1, 2)
+    if lse_layout == "BSH":
+        assert lse.shape == (1, 70, 2) and lse.is_contiguous()
+        lse = lse.transpose(1, 2)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert error_stats(out, ref).cos > 0.999
+    assert (lse.double() - ref_lse).abs().max() < 0.03
+
+
+def test_mask_and_dropout_fall_back_to_sdpa_logged_once(caplog):
+    q, k, v = _qkv(sk=40)
+    engine = Engine("test")
+    keep = torch.ones(1, 1, 1, 40, dtype=torch.bool)
+    keep[..., 30:] = False
+    with caplog.at_level(logging.WARNING, logger="fp8dit"), engine.record_calls() as calls:
+        out, lse = attend(engine, q, k, v, attn_mask=keep, return_lse=True)
+        attend(engine, q, k, v, attn_mask=keep)
+    ref, ref_lse = attention_ref(q, k[:, :30], v[:, :30], return_lse=True)
+    assert [c["backend"] for c in calls] == ["sdpa", "sdpa"]
+    assert "attention mask" in calls[0]["reason"]
+    assert error_stats(out, ref).cos > 0.9999
+    assert (lse.double() - ref_lse).abs().max() < 1e-3
+    lines = [r.getMessage() for r in caplog.records if "test backend" in r.getMessage()]
+    assert len(lines) == 1 and "torch SDPA instead of FP8" in lines[0], lines
+    with pytest.raises(NotImplementedError, match="dropout"):
+        attend(engine, q, k, v, dropout_p=0.1, return_lse=True)
+    torch.manual_seed(0)
+    assert attend(engine, q, k, v, dropout_p=0.1).shape == q.shape
+
+
+@pytest.mark.parametrize("alignment", ["top-left", "bottom-right"])
+def test_causal_with_fewer_queries_follows_the_engines_alignment(alignment):
+    q, k, v = _qkv(sq=20, sk=50)
+    engine = Engine("test", causal_alignment=alignment)
+    with engine.record_calls() as calls:
+        out = attend(engine, q, k, v, is_causal=True)
+    rows = torch.arange(20)[:, None] + (30 if alignment == "bottom-right" else 0)
+    keep = torch.arange(50)[None, :] <= rows
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2).double() for t in (q, k, v)), attn_mask=keep).transpose(1, 2)
+    # top-left is the kernels' own convention; bottom-right (flash-attn's) runs SDPA
+    assert calls[0]["backend"] == ("sdpa" if alignment == "bottom-right" else "fp8"), calls
+    assert error_stats(out, ref).cos > 0.999
+
+
+def test_varlen_lse_and_bad_input():
+    g = torch.Generator().manual_seed(1)
+    lens = [30, 1, 45]
+    q, k, v = (torch.randn(sum(lens), 2, 64, generator=g).bfloat16() for _ in range(3))
+    cu = torch.tensor([0, 30, 31, 76], dtype=torch.int32)
+    engine = Engine("test")
+    out, lse = attend_varlen(engine, q, k, v, cu, cu, 45, 45, return_lse=True)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu, cu, return_lse=True)
+    assert lse.shape == (2, 76)
+    assert error_stats(out, ref).cos > 0.999
+    assert (lse.double() - ref_lse).abs().max() < 0.03
+    with pytest.raises(ValueError, match="lse_layout"):
+        attend(engine, *_qkv(), lse_layout="SBH")
+    with pytest.raises(TypeError, match="k: expected a torch.Tensor"):
+        attend(engine, q[None], None, v[None])
+    with pytest.raises(ValueError, match="scale"):
+        attend(engine, *_qkv(), scale=-1.0)
+    with pytest.raises(ValueError, match="scale"):  # the SDPA fallback checks it as well
+        attend(engine, *_qkv(), scale=math.nan, attn_mask=torch.ones(1, 1, 1, 70).bool())
