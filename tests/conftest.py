@@ -19,6 +19,11 @@ if not _HAS_CUDA:
 
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 
+if os.environ.get("PYTEST_XDIST_WORKER") and not _HAS_CUDA:
+    # pytest -n N: N workers share the cores; one torch thread each keeps them from
+    # oversubscribing (the interpreter's work is Python, one core per worker anyway).
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if _HAS_CUDA:
