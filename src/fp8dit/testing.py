@@ -341,6 +341,7 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
     pv_bf16 = getattr(recipe, "pv", "fp8") == "bf16"
     if per_tensor:
         qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
+    k_raw = kh
     k_shift = torch.zeros_like(kh[:, :, :1])
     if recipe.smooth_k:
         k_shift = kh.mean(dim=2, keepdim=True)
@@ -354,8 +355,22 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         dp = padded_head_dim(D)
         rot = hadamard(dp, "cpu").to(qh.device)
         pad = (0, dp - D)
-        qh = torch.nn.functional.pad(qh, pad) @ rot
-        kh = torch.nn.functional.pad(kh, pad) @ rot
+        qh = torch.nn.functional.pad(qh, pad)
+        kh = torch.nn.functional.pad(kh, pad)
+        if getattr(recipe, "balance", False):
+            from .balance import balance_matrices
+
+            g = H // Hkv
+            qg = qh.reshape(B, Hkv, g * Sq, dp)  # a kv head's query heads together
+            kr = torch.nn.functional.pad(k_raw, pad)
+            mq, mk = balance_matrices(
+                qg.sum(2), qg.pow(2).sum(2), torch.full((B, Hkv), g * Sq),
+                kr.sum(2), kr.pow(2).sum(2), torch.full((B, Hkv), Sk), rot)
+            qh = qh @ mq.to(qh.device).repeat_interleave(g, 1)
+            kh = kh @ mk.to(kh.device)
+        else:
+            qh = qh @ rot
+            kh = kh @ rot
     if per_tensor:
         qs = torch.tensor(qa / qmax)
     else:

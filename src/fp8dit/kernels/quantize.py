@@ -496,6 +496,7 @@ def quantize_kv_kernel(
     FINITE_FAST: tl.constexpr = False, REVERSE: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
+    ROT_PER_HEAD: tl.constexpr = False,
 ):
     """``ITERS`` consecutive blocks of ``BLOCK_N`` tokens of one kv head: smooth + quantize K,
     center + quantize V.
@@ -524,6 +525,8 @@ def quantize_kv_kernel(
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
     it; heads first in the grid (``_block_and_head``). ``REVERSE``: the grid walked backwards
     (``_block_and_head``), starting where the statistics pass ended.
+    ``ROT_PER_HEAD`` (with ``ROTATE``, the ``balance`` recipes): ``rot`` holds one [DP, DP]
+    matrix per (sequence, kv head) (``fp8dit.balance``) instead of one for all.
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     pid, h, Hkv, b = _block_and_head(ROPE != 0, REVERSE)
@@ -595,7 +598,10 @@ def quantize_kv_kernel(
             if not KAMAX_FROM_STATS:
                 n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
             if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-                ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
+                rp = rot_ptr
+                if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
+                    rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
+                ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM)
             if TENSOR_SCALES:
                 k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
             elif KAMAX_FROM_STATS:
@@ -703,6 +709,7 @@ def quantize_q_kernel(
     ITERS: tl.constexpr = 1, FINITE_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
+    ROT_PER_HEAD: tl.constexpr = False,
 ):
     """``ITERS`` consecutive blocks of ``BLOCK_M`` query tokens of one head: per-token scale.
 
@@ -721,7 +728,8 @@ def quantize_q_kernel(
     tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
     ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; heads first in the grid
-    (``_block_and_head``).
+    (``_block_and_head``). ``ROT_PER_HEAD``: as in :func:`quantize_kv_kernel`, the matrix of
+    the query head's kv head.
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     pid, h, H, b = _block_and_head(ROPE != 0)
@@ -754,7 +762,10 @@ def quantize_q_kernel(
                                 loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
                                 ROPE_RANGE, SOFT_FP8_CAST)
             if ROTATE:
-                qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
+                rp = rot_ptr
+                if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
+                    rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
+                qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM)  # masked: already 0
             else:
                 qr = q
             if FINITE_FAST and QK_INT8 and not (ROTATE or TWO_TERM or TENSOR_SCALES):

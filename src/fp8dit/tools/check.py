@@ -544,27 +544,33 @@ def format_stress_table(rows: list[dict]) -> str:
                          f(r["ring_ratio"], ".3f"), "; ".join(r["violations"]) or "ok"))
     lines = _columns(header, body, left=(0, 1, 9))
 
-    sh = ("recipe", "worst rel-L1", "min cos", "worst LSE mean", "worst ring/one", "fa3 RMSE",
-          "cases out of bounds")
+    sh = ("recipe", "worst rel-L1", "worst rel-L1 / floor", "min cos", "worst LSE mean",
+          "worst ring/one", "fa3 RMSE", "cases out of bounds (worst first)")
     sb = []
     for rec in sorted(order, key=order.get):
         ok = [r for r in rows if r["recipe"] == rec and not r.get("error")]
         if not ok:
-            sb.append((rec, *["-"] * 5, "all failed"))
+            sb.append((rec, *["-"] * 6, "all failed"))
             continue
         wr = max(ok, key=lambda r: r["rel_l1"])
+        fl = [r for r in ok if r.get("floor_rel_l1")]
+        wf = max(fl, key=lambda r: r["rel_l1"] / r["floor_rel_l1"]) if fl else None
         wc = min(ok, key=lambda r: r["cos"])
         wl = max(ok, key=lambda r: r["lse_mean"])
         wg = max(ok, key=lambda r: r["ring_ratio"])
         fa3 = [r["rmse"] for r in ok if r["inputs"] == "fa3"]
-        bad = [r["inputs"] for r in ok if r["violations"]]
-        bad += [r["inputs"] + " (error)" for r in rows if r["recipe"] == rec and r.get("error")]
-        sb.append((rec, f"{wr['rel_l1']:.4f} ({wr['inputs']})", f"{wc['cos']:.5f} ({wc['inputs']})",
+        bad = [r["inputs"] for r in sorted(ok, key=lambda r: -r["badness"]) if r["violations"]]
+        bad = [r["inputs"] + " (error)" for r in rows
+               if r["recipe"] == rec and r.get("error")] + bad
+        shown = ", ".join(bad[:3]) + (f", +{len(bad) - 3}" if len(bad) > 3 else "")
+        sb.append((rec, f"{wr['rel_l1']:.4f} ({wr['inputs']})",
+                   f"{wf['rel_l1'] / wf['floor_rel_l1']:.2f} ({wf['inputs']})" if wf else "-",
+                   f"{wc['cos']:.5f} ({wc['inputs']})",
                    f"{wl['lse_mean']:.4f} ({wl['inputs']})",
                    f"{wg['ring_ratio']:.3f} ({wg['inputs']})",
                    f"{fa3[0]:.2e}" if fa3 else "-",
-                   f"{len(bad)}: {', '.join(bad)}" if bad else "none"))
-    lines += ["", "per recipe, worst last:"] + _columns(sh, sb, left=(0, 6))
+                   f"{len(bad)} of {len(ok)}: {shown}" if bad else "none"))
+    lines += ["", "per recipe, worst last:"] + _columns(sh, sb, left=(0, 7))
     worst = max(rows, key=lambda r: r.get("badness", float("inf")))
     why = worst.get("error") or "; ".join(worst.get("violations", [])) or "within every bound"
     lines += ["", f"worst case: {worst['recipe']} on {worst['inputs']}: {why}"]
