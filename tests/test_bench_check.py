@@ -270,7 +270,9 @@ def test_check_rows_for_every_recipe_and_family(capsys):
         base = rows[("sdpa", fam)]
         assert float(base[6]) < 1e-3  # SDPA's LSE is computed in fp32
         for rec in RECIPES:
-            assert float(base[3]) * 3 < float(rows[(rec, fam)][3]), (rec, fam)
+            # bf16 P and V leave far less than fp8's rounding (int8qk-bf16pv-bal: 2.7x SDPA's)
+            factor = 2 if RECIPES[rec].pv == "bf16" else 3
+            assert float(base[3]) * factor < float(rows[(rec, fam)][3]), (rec, fam)
             assert float(base[6]) < float(rows[(rec, fam)][6]), (rec, fam)
 
 

@@ -23,7 +23,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fp8dit
-from fp8dit import attend, merge, quantize, tuning
+from fp8dit import attend, balance, merge, quantize, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 
 pytestmark = pytest.mark.skipif(
@@ -35,7 +35,7 @@ _DTYPES = {
     torch.int64: "i64", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv",
 }
 # every kernel the FP8 path launches: quantization, attention and the split-KV merge
-KERNELS = [(mod, name) for mod in (quantize, attend, merge) for name in dir(mod)
+KERNELS = [(mod, name) for mod in (quantize, attend, merge, balance) for name in dir(mod)
            if name.endswith("_kernel")]
 
 
@@ -123,9 +123,13 @@ def _record(monkeypatch):
         tables = torch.randn(2, 500, D, generator=g)  # whole cos and sin rows
         quantize.quantize_stage(plan, RECIPES[DEFAULT_RECIPE], 0.1, q, st, k, st, v, st,
                              kv_perm16=True, rope=tables, rope_start=100)
+        # the balance recipe's channel sums with the rotation fused in
+        quantize.quantize_stage(plan, RECIPES["int8qk-fp8pv-bal"], 0.1, q, st, k, st, v, st,
+                                kv_perm16=True, rope=tables, rope_start=100)
     assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
     assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2, 3}
     assert any(r["constexprs"].get("ROPE_RANGE") for r in sink)
+    assert any(r["name"] == "channel_moments_kernel" for r in sink)  # the balance recipes
     unique = {json.dumps(r, sort_keys=True): r for r in sink}
     return list(unique.values())
 

@@ -128,6 +128,12 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
 
     def grid(blocks, heads):  # with rope, heads first: they share the table's rows in L2
         return (heads, blocks, B) if rope_mode else (blocks, heads, B)
+    rot_q = rot_k = rot
+    if recipe.balance:  # per (sequence, kv head) matrices with the rotation folded in
+        from .balance import balance_tables
+
+        rot_q, rot_k = balance_tables(plan, q, q_strides, k, k_strides, tabs, rot, rope_args,
+                                      soft)
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -175,23 +181,24 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         rows = BN // n_prog
         quantize_kv_kernel[grid(plan.max_k_blocks * n_prog, Hkv)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
-            rot, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
+            rot_k, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=rows, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
+            ROT_PER_HEAD=recipe.balance,
             num_warps=tile_warps(rows, Dp), **rope_args,
         )
     if plan.max_q_blocks:
         q_rows = quant.q_rows.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
         quantize_q_kernel[grid(plan.max_q_blocks * q_sub, H)](
-            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot, *q_strides,
+            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot_q, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, num_warps=tile_warps(BM // q_sub, Dp),
+            SUBBLOCKS=q_sub, ROT_PER_HEAD=recipe.balance, num_warps=tile_warps(BM // q_sub, Dp),
             **rope_args,
         )
     return ws

@@ -7,7 +7,11 @@ Kernel rel-L1 against fp64, normal / dit family (CPU interpreter, B=1 H=2 S=512 
 ``tests/test_recipes.py``): ``int8qk-bf16pv`` 0.011 / 0.008, ``int8qk-fp8pv`` (default) 0.036 /
 0.012, ``int8qk-fp8pv-rot`` 0.036 / 0.009, ``fp8`` 0.052 / 0.034, ``per-tensor-fp8`` 0.053 /
 0.050, ``int8x2qk-fp8pv`` 0.034 / 0.009 (its LSE: < 1e-4 / 0.001 off at D=128). On the H200
-at 8k tokens and Wan 720p speed: README's quality table.
+at 8k tokens and Wan 720p speed: README's quality table. Over the stress suite
+(:data:`fp8dit.testing.STRESS_SUITE`, docs/accuracy_stress.md): worst rel-L1 / worst mean LSE
+error, S=1024 D=128, emulation: ``int8qk-fp8pv`` 0.077 / 0.060, ``int8qk-fp8pv-rot`` 0.046 /
+0.031, ``int8qk-fp8pv-bal`` 0.038 / 0.030 (fp8 P and V alone leave up to 0.036),
+``int8qk-bf16pv-bal`` 0.024 / 0.030, ``int8x2qk-fp8pv`` 0.036 / 0.0001.
 :func:`fp8dit.testing.attention_emulated` rounds each recipe the same way in torch.
 """
 
@@ -34,6 +38,11 @@ class Recipe:
     # Rotate Q and K (K after smoothing) by an orthonormal Hadamard matrix along the head dim
     # before quantizing (FlashAttention-3's incoherent processing): outlier channels spread out.
     rotate: bool = False
+    # With ``rotate``: before the rotation, balance Q against K exactly (q @ Mq, k @ Mk with
+    # Mq Mk^T = I, per sequence and kv head, from channel sums of Q and K: fp8dit.balance):
+    # shrink Q along its mean (a Q bias) and move magnitude between Q's and K's channels. The
+    # scores are unchanged; Q's and K's int8 steps get finer together.
+    balance: bool = False
     # 2: Q and K each stored as two int8 terms, x = s * (hi + lo / LO_SCALE) (lo: hi's rounding
     # residual), and the scores summed from three int8 dots (hi.hi, hi.lo, lo.hi). For the LSE:
     # 8-bit Q and K misplace DiT scores of ~100 by up to ~0.5. The dropped lo.lo term is still
@@ -47,6 +56,9 @@ class Recipe:
             raise ValueError(f"recipe {self.name!r}: unknown qk/scales/pv/qk_terms in {self}")
         if self.qk_terms == 2 and (self.qk != "int8" or self.scales != "fine"):
             raise ValueError(f"recipe {self.name!r}: two-term QK needs int8 QK and fine scales")
+        if self.balance and not (self.rotate and self.smooth_k and self.scales == "fine"):
+            raise ValueError(f"recipe {self.name!r}: balance needs rotate, smooth_k and fine "
+                             "scales")
         if self.scales == "tensor" and (self.smooth_k or self.center_v):
             # The tensor-wide amax is taken of the raw inputs, before any shift.
             raise ValueError(f"recipe {self.name!r}: per-tensor scales exclude smooth_k and "
@@ -66,6 +78,15 @@ RECIPES: dict[str, Recipe] = {
             "as int8qk-fp8pv with Q and K rotated by a Hadamard matrix along the head dim before "
             "quantizing (outlier channels spread over all channels)",
             rotate=True,
+        ),
+        Recipe(
+            "int8qk-fp8pv-bal",
+            "as int8qk-fp8pv-rot with Q and K first balanced against each other by an exact "
+            "transform per sequence and kv head (Q's mean direction shrunk, K's stretched; "
+            "channel magnitudes moved between Q and K): Q biases and one-sided outlier "
+            "channels stop setting the int8 steps",
+            rotate=True,
+            balance=True,
         ),
         Recipe(
             "int8x2qk-fp8pv",
@@ -98,6 +119,15 @@ RECIPES: dict[str, Recipe] = {
             "copy of the input, no rounding)",
             pv="bf16",
             center_v=False,
+        ),
+        Recipe(
+            "int8qk-bf16pv-bal",
+            "high accuracy on outliers: QK as int8qk-fp8pv-bal (balanced, Hadamard-rotated, "
+            "int8), P and V in bf16 as int8qk-bf16pv",
+            pv="bf16",
+            center_v=False,
+            rotate=True,
+            balance=True,
         ),
         Recipe(
             "per-tensor-fp8",

@@ -381,6 +381,7 @@ def quantize_kv_kernel(
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
+    ROT_PER_HEAD: tl.constexpr = False,
 ):
     """A block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -399,7 +400,9 @@ def quantize_kv_kernel(
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
-    it; heads first in the grid (``_block_and_head``).
+    it; heads first in the grid (``_block_and_head``). ``ROT_PER_HEAD`` (with ``ROTATE``, the
+    ``balance`` recipes): ``rot`` holds one [DP, DP] matrix per (sequence, kv head)
+    (``fp8dit.balance``) instead of one for all.
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     blk, h, Hkv, b = _block_and_head(ROPE != 0)
@@ -452,7 +455,10 @@ def quantize_kv_kernel(
         if not KAMAX_FROM_STATS:
             n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-            ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
+            rp = rot_ptr
+            if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
+                rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
+            ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         elif KAMAX_FROM_STATS:
@@ -528,6 +534,7 @@ def quantize_q_kernel(
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
+    ROT_PER_HEAD: tl.constexpr = False,
 ):
     """A block of ``BLOCK_M`` query tokens of one head: per-token scale.
 
@@ -559,7 +566,10 @@ def quantize_q_kernel(
                             loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
                             ROPE_RANGE, SOFT_FP8_CAST)
         if ROTATE:
-            qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
+            rp = rot_ptr
+            if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
+                rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
+            qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM)  # masked: already 0
         else:
             qr = q
         if TENSOR_SCALES:

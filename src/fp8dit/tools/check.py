@@ -24,10 +24,22 @@ the kernels (the fp64 reference uses them as saved).
 
 Without a GPU the kernels run through Triton's CPU interpreter on a small default shape.
 
+``--stress`` runs the stress suite instead (:data:`fp8dit.testing.STRESS_SUITE`: outlier
+channels, channel biases, FlashAttention-3's benchmark, peaked and flat softmax, attention sinks,
+head dim 64, GQA; docs/accuracy_stress.md): one row per recipe x case with the output's errors,
+the mean and max LSE error, the output merged from four kv chunks against one call's, the
+``floor`` (the recipe's emulation with exact Q and K: what its P and V rounding alone leave) and
+the bounds of :data:`fp8dit.testing.STRESS_BOUNDS` that the case breaks; rows sorted by how far
+they are from the bounds, worst last, then each recipe's worst cases, the worst recipe last.
+``--emulate`` measures the recipes' pure-torch emulation instead of the kernels (seconds on a
+CPU, where the interpreter takes ~30 s per recipe and case at the default 1k tokens).
+
 Example
 -------
 $ fp8dit check                                   # every recipe x {normal, dit}
 $ fp8dit check --inputs qkv.pt --plot check.png  # captured tensors; error vs length and per head
+$ fp8dit check --stress --emulate                # every recipe x stress case, in torch
+$ fp8dit check --stress --recipes int8qk-fp8pv --families dit,fa3   # the kernels
 """
 
 from __future__ import annotations
@@ -44,6 +56,9 @@ from .presets import PRESETS, ShapeError, get_preset, parse_shape
 
 GPU_SHAPE = "1,4,8192,128"
 CPU_SHAPE = "1,2,512,64"
+# --stress: the suite's cases fix their own head dim or kv heads where they test them.
+STRESS_GPU_SHAPE = "1,4,8192,128"
+STRESS_CPU_SHAPE = "1,2,1024,128"
 BASELINE = "sdpa"
 # Peers that run only when named in --recipes (they need a GPU and an optional package).
 PEERS = ("cudnn-fp8",)
@@ -71,7 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: all of them); 'cudnn-fp8' adds cuDNN's per-tensor FP8 "
                         "attention (Hopper, nvidia-cudnn-frontend)")
     p.add_argument("--families", metavar="A,B",
-                   help="comma-separated input families of fp8dit.testing (default: all)")
+                   help="comma-separated input families of fp8dit.testing (default: all); with "
+                        "--stress, cases of fp8dit.testing.STRESS_SUITE")
+    p.add_argument("--stress", action="store_true",
+                   help="the stress suite (fp8dit.testing.STRESS_SUITE): recipe x case against "
+                        "the bounds of docs/accuracy_stress.md, worst case last")
+    p.add_argument("--emulate", action="store_true",
+                   help="with --stress: the recipes' pure-torch emulation "
+                        "(fp8dit.testing.attention_emulated) instead of the kernels")
     p.add_argument("--inputs", metavar="QKV.PT",
                    help="captured tensors instead of the families: a dict {'q','k','v'} or a "
                         "(q, k, v) tuple saved with torch.save, NHD [B, S, H, D]")
@@ -360,6 +382,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     on_gpu = torch.cuda.is_available()
+    if getattr(args, "stress", False) or getattr(args, "emulate", False):
+        return run_stress(args)
     if args.plot:
         missing = check_plot_available()
         if missing:
@@ -478,3 +502,169 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     broken = [r for r in rows if r.get("error") or r.get("nan") or r.get("lse_nan")]
     return rc or (1 if broken else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# --stress
+# ---------------------------------------------------------------------------------------------
+
+
+def _stress_runner(recipe: str, emulate: bool):
+    """``run(q, k, v) -> (out, lse)`` of a recipe: its kernels, or its emulation."""
+    from ..recipes import RECIPES
+    from ..testing import emulated_runner
+
+    if emulate:
+        return emulated_runner(RECIPES[recipe])
+    return lambda q, k, v: _run_recipe(recipe, q, k, v)
+
+
+def format_stress_table(rows: list[dict]) -> str:
+    """Rows grouped by recipe, each group sorted by badness (worst last); then each recipe's
+    worst values and broken bounds, the worst recipe last; then the worst case."""
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    header = ("recipe", "case", "cos", "rel-L1", "floor", "RMSE", "LSE mean", "LSE max",
+              f"ring/one ({RING_CHUNKS})", "bounds broken")
+    order = {}
+    for r in rows:
+        order[r["recipe"]] = max(order.get(r["recipe"], 0.0), r.get("badness", float("inf")))
+    body = []
+    for rec in sorted(order, key=order.get):
+        group = sorted((r for r in rows if r["recipe"] == rec),
+                       key=lambda r: r.get("badness", float("inf")))
+        for r in group:
+            if r.get("error"):
+                body.append((rec, r["inputs"], *["-"] * 7, r["error"]))
+                continue
+            body.append((rec, r["inputs"], f(r["cos"], ".6f"), f(r["rel_l1"], ".4f"),
+                         f(r["floor_rel_l1"], ".4f"), f(r["rmse"], ".2e"),
+                         f(r["lse_mean"], ".4f"), f(r["lse_max"], ".3f"),
+                         f(r["ring_ratio"], ".3f"), "; ".join(r["violations"]) or "ok"))
+    lines = _columns(header, body, left=(0, 1, 9))
+
+    sh = ("recipe", "worst rel-L1", "worst rel-L1 / floor", "min cos", "worst LSE mean",
+          "worst ring/one", "fa3 RMSE", "cases out of bounds (worst first)")
+    sb = []
+    for rec in sorted(order, key=order.get):
+        ok = [r for r in rows if r["recipe"] == rec and not r.get("error")]
+        if not ok:
+            sb.append((rec, *["-"] * 6, "all failed"))
+            continue
+        wr = max(ok, key=lambda r: r["rel_l1"])
+        fl = [r for r in ok if r.get("floor_rel_l1")]
+        wf = max(fl, key=lambda r: r["rel_l1"] / r["floor_rel_l1"]) if fl else None
+        wc = min(ok, key=lambda r: r["cos"])
+        wl = max(ok, key=lambda r: r["lse_mean"])
+        wg = max(ok, key=lambda r: r["ring_ratio"])
+        fa3 = [r["rmse"] for r in ok if r["inputs"] == "fa3"]
+        bad = [r["inputs"] for r in sorted(ok, key=lambda r: -r["badness"]) if r["violations"]]
+        bad = [r["inputs"] + " (error)" for r in rows
+               if r["recipe"] == rec and r.get("error")] + bad
+        shown = ", ".join(bad[:3]) + (f", +{len(bad) - 3}" if len(bad) > 3 else "")
+        sb.append((rec, f"{wr['rel_l1']:.4f} ({wr['inputs']})",
+                   f"{wf['rel_l1'] / wf['floor_rel_l1']:.2f} ({wf['inputs']})" if wf else "-",
+                   f"{wc['cos']:.5f} ({wc['inputs']})",
+                   f"{wl['lse_mean']:.4f} ({wl['inputs']})",
+                   f"{wg['ring_ratio']:.3f} ({wg['inputs']})",
+                   f"{fa3[0]:.2e}" if fa3 else "-",
+                   f"{len(bad)} of {len(ok)}: {shown}" if bad else "none"))
+    lines += ["", "per recipe, worst last:"] + _columns(sh, sb, left=(0, 7))
+    worst = max(rows, key=lambda r: r.get("badness", float("inf")))
+    why = worst.get("error") or "; ".join(worst.get("violations", [])) or "within every bound"
+    lines += ["", f"worst case: {worst['recipe']} on {worst['inputs']}: {why}"]
+    return "\n".join(lines)
+
+
+def _columns(header, body, left=()) -> list[str]:
+    widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h)
+              for i, h in enumerate(header)]
+
+    def fmt(row):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+
+    return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(c) for c in body]
+
+
+def run_stress(args: argparse.Namespace) -> int:
+    """``fp8dit check --stress``: every recipe x stress case, worst last (module docstring)."""
+    from ..recipes import RECIPES
+    from ..testing import (
+        STRESS_BOUNDS,
+        STRESS_CASES,
+        emulated_runner,
+        make_stress_qkv,
+        stress_badness,
+        stress_metrics,
+        stress_violations,
+    )
+    from .bench import check_output_path, interpreter_active, rerun_interpreted
+
+    on_gpu = torch.cuda.is_available()
+    try:
+        if not args.stress:
+            raise ValueError("--emulate: only with --stress")
+        if args.inputs or args.plot or args.sweep or args.preset:
+            raise ValueError("--stress: draws its own inputs; --inputs, --preset, --plot and "
+                             "--sweep do not apply")
+        recipes = _parse_list(args.recipes, list(RECIPES), "recipes", extra=(BASELINE,))
+        if args.emulate and BASELINE in recipes:
+            raise ValueError(f"--recipes: {BASELINE!r} has no emulation (--emulate); expected "
+                             f"a subset of: {', '.join(RECIPES)}")
+        cases = _parse_list(args.families, list(STRESS_CASES), "families")
+        shape = parse_shape(args.shape or (STRESS_GPU_SHAPE if on_gpu else STRESS_CPU_SHAPE))
+        check_output_path("--out-json", args.out_json)
+    except ValueError as e:
+        return _error(str(e))
+    if not args.emulate and not on_gpu and not interpreter_active():
+        _log("[check] no CUDA GPU: re-running under TRITON_INTERPRET=1 (Triton's CPU interpreter)")
+        return rerun_interpreted(__name__, args)
+    device = torch.device("cuda" if on_gpu else "cpu")
+    where = ("the recipes' torch emulation" if args.emulate else
+             torch.cuda.get_device_name(device) if on_gpu else "Triton's CPU interpreter")
+    if not args.emulate and not on_gpu:
+        _log(f"[check] the kernels through Triton's CPU interpreter: ~30 s per recipe and case "
+             f"at 1k tokens ({len(recipes) * len(cases)} here); --emulate takes ~1 s each")
+    rows = []
+    t_start = time.perf_counter()
+    total, step = len(cases) * len(recipes), 0
+    for name in cases:
+        case = STRESS_CASES[name]
+        try:
+            q, k, v = make_stress_qkv(case, shape.B, shape.H, shape.S, shape.D, seed=args.seed,
+                                      device=device)
+        except ValueError as e:
+            return _error(f"--shape: {e}")
+        for rec in recipes:
+            step += 1
+            t0 = time.perf_counter()
+            row = dict(recipe=rec, inputs=name, kind=case.kind, B=q.shape[0], S=q.shape[1],
+                       H=q.shape[2], D=q.shape[3], Hkv=k.shape[2],
+                       mode="emulation" if args.emulate else device.type)
+            try:
+                floor = emulated_runner(RECIPES[rec], exact_qk=True) if rec in RECIPES else None
+                m = stress_metrics(_stress_runner(rec, args.emulate), q, k, v, floor=floor)
+                row.update(m, violations=stress_violations(name, m),
+                           badness=stress_badness(name, m))
+                msg = f"rel_l1={m['rel_l1']:.4f} lse={m['lse_mean']:.4f}"
+            except Exception as e:  # noqa: BLE001 - one failing recipe must not end the check
+                lines = str(e).strip().splitlines()
+                row.update(error=f"{type(e).__name__}: {lines[0] if lines else ''}",
+                           badness=float("inf"))
+                msg = row["error"]
+            rows.append(row)
+            _log(f"[check] {step}/{total} {name} {rec}: {msg} ({time.perf_counter() - t0:.1f} s)")
+    _log(f"[check] done in {time.perf_counter() - t_start:.0f} s")
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps(rows, indent=1) + "\n")
+    b = STRESS_BOUNDS
+    print(f"stress suite against fp64 (B{shape.B} S{shape.S} H{shape.H} D{shape.D} unless the "
+          f"case sets D or GQA; seed {args.seed}), {where}")
+    print(f"bounds: rel-L1 <= {b['rel_l1']} (i.i.d. normal <= {b['rel_l1_normal']}), cos >= "
+          f"{b['cos']}, mean |LSE error| <= {b['lse_mean']}, ring merge <= {b['ring_ratio']}x one "
+          f"call, fa3 RMSE <= {b['fa3_rmse']:.1e}; floor = the recipe with exact Q and K")
+    print(format_stress_table(rows))
+    broken = [r for r in rows if r.get("error") or r.get("nan") or r.get("lse_nan")]
+    return 1 if broken else 0
