@@ -2,7 +2,7 @@
 emulation as the kernels' yardstick on it, and ``fp8dit check --stress``.
 
 Kernels run through the interpreter on CPU at B=1 H=2 S=1024 (~15 s a call); the whole suite
-runs only in emulation (~1 s a case). docs/accuracy_stress.md has the tables.
+runs only in emulation (~1 s a case). docs/accuracy.md has the tables.
 """
 
 import re
@@ -126,7 +126,7 @@ def test_emulated_lse_is_the_reference_lse_without_rounding():
     torch.testing.assert_close(lse, ref, rtol=0, atol=1e-5)
 
 
-# The default recipe's hardest cases in emulation (docs/accuracy_stress.md): its worst rel-L1
+# The default recipe's hardest cases in emulation (docs/accuracy.md): its worst rel-L1
 # (K outlier channel), its worst LSE (peaked DiT-like scores), and FA3's benchmark.
 KERNEL_CASES = ("outliers-k-n1-x32", "dit-peaked", "fa3")
 

@@ -8,7 +8,7 @@ Kernel rel-L1 against fp64, normal / dit family (CPU interpreter, B=1 H=2 S=512 
 0.012, ``int8qk-fp8pv-rot`` 0.036 / 0.009, ``fp8`` 0.052 / 0.034, ``per-tensor-fp8`` 0.053 /
 0.050, ``int8x2qk-fp8pv`` 0.034 / 0.009 (its LSE: < 1e-4 / 0.001 off at D=128). On the H200
 at 8k tokens and Wan 720p speed: README's quality table. Over the stress suite
-(:data:`fp8dit.testing.STRESS_SUITE`, docs/accuracy_stress.md): worst rel-L1 / worst mean LSE
+(:data:`fp8dit.testing.STRESS_SUITE`, docs/accuracy.md): worst rel-L1 / worst mean LSE
 error, S=1024 D=128, emulation: ``int8qk-fp8pv`` 0.077 / 0.060, ``int8qk-fp8pv-rot`` 0.046 /
 0.031, ``int8qk-fp8pv-bal`` 0.038 / 0.030 (fp8 P and V alone leave up to 0.036),
 ``int8qk-bf16pv-bal`` 0.024 / 0.030, ``int8x2qk-fp8pv`` 0.036 / 0.0001.

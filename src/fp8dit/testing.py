@@ -665,7 +665,7 @@ def make_stress_qkv(case, B: int = 1, H: int = 2, S: int = 1024, D: int = 128, *
     return tuple(t.to(device=device, dtype=dtype).contiguous() for t in (q, k, v))
 
 
-# Bounds of the stress suite (docs/accuracy_stress.md): rel-L1 and cos of the output, mean |error|
+# Bounds of the stress suite (docs/accuracy.md): rel-L1 and cos of the output, mean |error|
 # of the LSE, the output merged by LSE from four kv chunks against one call's, FA3's RMSE.
 STRESS_BOUNDS = {
     "rel_l1": 0.03,

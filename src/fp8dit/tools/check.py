@@ -26,7 +26,7 @@ Without a GPU the kernels run through Triton's CPU interpreter on a small defaul
 
 ``--stress`` runs the stress suite instead (:data:`fp8dit.testing.STRESS_SUITE`: outlier
 channels, channel biases, FlashAttention-3's benchmark, peaked and flat softmax, attention sinks,
-head dim 64, GQA; docs/accuracy_stress.md): one row per recipe x case with the output's errors,
+head dim 64, GQA; docs/accuracy.md): one row per recipe x case with the output's errors,
 the mean and max LSE error, the output merged from four kv chunks against one call's, the
 ``floor`` (the recipe's emulation with exact Q and K: what its P and V rounding alone leave) and
 the bounds of :data:`fp8dit.testing.STRESS_BOUNDS` that the case breaks; rows sorted by how far
@@ -90,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--stress, cases of fp8dit.testing.STRESS_SUITE")
     p.add_argument("--stress", action="store_true",
                    help="the stress suite (fp8dit.testing.STRESS_SUITE): recipe x case against "
-                        "the bounds of docs/accuracy_stress.md, worst case last")
+                        "the bounds of docs/accuracy.md, worst case last")
     p.add_argument("--emulate", action="store_true",
                    help="with --stress: the recipes' pure-torch emulation "
                         "(fp8dit.testing.attention_emulated) instead of the kernels")
