@@ -2,7 +2,6 @@
 
 # TRITON_INTERPRET=1 (no GPU) is set by conftest.py before triton is imported.
 
-import dataclasses
 import logging
 import os
 import subprocess
@@ -327,9 +326,8 @@ def test_compiled_tiny_wan_whose_calls_fall_back_has_no_graph_break(tiny_wan, mo
 
     model, inputs = tiny_wan
     monkeypatch.setattr(dispatch, "_logged", set())
-    monkeypatch.setitem(dispatch.BACKENDS, "fp8", dataclasses.replace(
-        dispatch.BACKENDS["fp8"], auto_check=lambda q, k, v, is_causal=False, tokens=None:
-        "too short (test)"))
+    monkeypatch.setattr(dispatch, "fp8_not_preferred_reason",
+                        lambda q, kernel, tokens: "too short (test)")
     monkeypatch.delenv("FP8DIT_BACKEND", raising=False)
     explanation = explain_with_fp8dit(model, inputs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
