@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 PIP=("$PY" -m pip install -q --disable-pip-version-check --no-warn-conflicts)
 pin=$(mktemp)
 trap 'rm -f "$pin"' EXIT
-"$PY" -c 'import torch; print("torch==" + torch.__version__)' >"$pin"
+"$PY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' >"$pin"  # a local label (+cu130) would not match pip's own caps
 
 # SGLang 0.5.23: its wheel declares SGLang's whole GPU serving stack (torch==2.14.1, flashinfer,
 # flash-attn-4, cutlass-dsl, deep-gemm, ...), none of which installs on a CPU machine or is
