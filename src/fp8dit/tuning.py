@@ -265,6 +265,10 @@ def current() -> Tuning:
 
 def _changed(value, change):
     if isinstance(change, Mapping) and dataclasses.is_dataclass(value):
+        unknown = sorted(set(change) - {f.name for f in dataclasses.fields(value)})
+        if unknown:
+            raise TypeError(f"tuning.override: {type(value).__name__} has no field "
+                            f"{unknown[0]!r}")
         return dataclasses.replace(value, **{name: _changed(getattr(value, name), c)
                                              for name, c in change.items()})
     if isinstance(change, Mapping) and isinstance(value, Mapping):

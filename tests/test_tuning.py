@@ -1,0 +1,91 @@
+"""fp8dit.tuning: frozen data, each value with its measurement, varied only through override."""
+
+import dataclasses
+import re
+import threading
+
+import pytest
+
+from fp8dit import tuning
+
+
+def _entries(t: tuning.Tuning):
+    for field in dataclasses.fields(t):
+        value = getattr(t, field.name)
+        if isinstance(value, tuning.Table):
+            yield from ((f"{field.name}[{k}]", v) for k, v in value.items())
+        elif isinstance(value, tuple):
+            yield from ((f"{field.name}[{i}]", v) for i, v in enumerate(value))
+        else:
+            yield field.name, value
+
+
+def test_every_value_names_its_measurement():
+    dated = re.compile(r"(H200|sm_90 SASS|CPU interpreter).*\b2026-\d\d-\d\d\b")
+    for name, entry in _entries(tuning.DEFAULT):
+        if isinstance(entry, tuning.Quantization):
+            fields = {f.name for f in dataclasses.fields(entry)} - {"measured"}
+            assert set(entry.measured) == fields, name
+            reasons = list(entry.measured.values())
+        elif isinstance(entry, tuning.VerifiedRelease):
+            reasons = [f"{entry.gpu}, {entry.date}: {entry.measured}"]
+        else:
+            reasons = [entry.measured]
+        for reason in reasons:
+            assert dated.search(reason), (name, reason)
+            assert not re.search(r"\bs\d+-\d+\b|session|\brun\b", reason), (name, reason)
+
+
+def test_only_releases_run_on_a_gpu_are_verified():
+    assert [(r.triton, r.gpu, r.date) for r in tuning.DEFAULT.gluon_releases] == [
+        ("3.6", "NVIDIA H200", "2026-12-04")]
+
+
+def test_tables_are_frozen():
+    t = tuning.DEFAULT
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.tiles = tuning.Table()
+    with pytest.raises(TypeError):
+        t.tiles[128] = t.tiles[64]
+    with pytest.raises(AttributeError):
+        t.tiles._items = ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.tiles[128].block_n = 64
+    assert t.tiles[128] == t.tiles.get(128) and 256 in t.tiles and 32 not in t.tiles
+    assert t.tiles.get(32) is None and len(t.tiles) == 3 and sorted(t.tiles) == [64, 128, 256]
+
+
+def test_override_changes_fields_for_its_block_only():
+    before = tuning.current()
+    assert before is tuning.DEFAULT
+    with tuning.override(tiles={128: dict(block_n=64)},
+                         quantization=dict(kv_rows={128: 128}, stats_warps=8)) as t:
+        assert tuning.current() is t
+        assert t.tiles[128].block_n == 64 and t.tiles[128].block_m == before.tiles[128].block_m
+        assert t.tiles[64] == before.tiles[64]
+        assert t.quantization.kv_rows[128] == 128 and t.quantization.kv_rows[64] == 64
+        assert t.quantization.stats_warps == 8
+        with tuning.override(gluon_releases=()) as inner:  # a tuple is replaced whole
+            assert inner.gluon_releases == () and inner.tiles[128].block_n == 64
+        assert tuning.current() is t
+
+        seen = []  # another thread keeps the default
+        worker = threading.Thread(target=lambda: seen.append(tuning.current()))
+        worker.start()
+        worker.join()
+        assert seen == [tuning.DEFAULT]
+    assert tuning.current() is before
+    assert tuning.DEFAULT.tiles[128].block_n == 128
+
+
+def test_override_rejects_what_it_cannot_apply():
+    with pytest.raises(TypeError, match="block_k"):
+        with tuning.override(tiles={128: dict(block_k=64)}):
+            pass
+    with pytest.raises(KeyError, match="no entry 32"):
+        with tuning.override(tiles={32: dict(block_n=64)}):
+            pass
+    with pytest.raises(TypeError, match="no_such_table"):
+        with tuning.override(no_such_table={}):
+            pass
+    assert tuning.current() is tuning.DEFAULT
