@@ -41,9 +41,12 @@ def _qkv(seed=21):
 
 
 def _cpu_shims():
-    """What xfuser 0.7.0 lacks on a CPU-only torch (not fp8dit's part): it gates its device
-    probe and its sequence parallelism on ``torch.cuda.is_available()``. Three answers change,
+    """What xfuser 0.7.0 lacks on a machine without a GPU (not fp8dit's part): it gates its
+    device probe and its sequence parallelism on ``torch.cuda.is_available()``, and names the
+    device by torch's build (a CUDA build without a GPU is "cuda" to it). Four answers change,
     nothing on the attention path:
+
+    * its device name is "cpu" (no ``torch.cuda.set_device`` in ``init_distributed_environment``);
 
     * ``xfuser.envs`` reads a CUDA version at import and raises without an accelerator
       ("No Accelerators ... available"): its device-version probe answers None, as it does on
@@ -59,7 +62,7 @@ def _cpu_shims():
     import importlib.abc
     import sys
 
-    if torch.version.cuda is not None or "xfuser.envs" in sys.modules:
+    if torch.cuda.is_available() or "xfuser.envs" in sys.modules:
         return
 
     class Finder(importlib.abc.MetaPathFinder):
@@ -77,6 +80,9 @@ def _cpu_shims():
                 def exec_module(self, module):
                     real.exec_module(module)
                     module.get_device_version = lambda: None
+                    # a CUDA build of torch without a GPU: xfuser names the device by the build
+                    module._is_cuda = lambda: False
+                    module.get_device_name = lambda: "cpu"
                     info = module.PACKAGES_CHECKER.get_packages_info()
                     info["has_long_ctx_attn"] = importlib.util.find_spec("yunchang") is not None
 
