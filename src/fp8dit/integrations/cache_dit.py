@@ -27,11 +27,10 @@ is listed by :func:`cache_dit_internals_problems`.
 
 from __future__ import annotations
 
-import enum
-import inspect
 import sys
 
 from .engine_core import Engine, attend, wait_collectives
+from .registry import add_member, enum_problems, params
 
 BACKEND_NAME = "fp8dit"
 MEMBER_NAME = "FP8DIT"
@@ -49,10 +48,6 @@ _FORWARD_OP_PARAMS = ["ctx", "query", "key", "value", "attn_mask", "dropout_p", 
                       "scale", "enable_gqa", "return_lse", "_save_ctx", "_cp_config"]
 
 
-def _params(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
 def cache_dit_internals_problems() -> list[str]:
     """What this adapter needs from cache-dit's internals and did not find (empty: fits)."""
     import importlib
@@ -60,34 +55,28 @@ def cache_dit_internals_problems() -> list[str]:
     problems = []
     reg = importlib.import_module(_REGISTER)
     names = getattr(reg, "_AttnBackend", None)
-    if not (isinstance(names, enum.EnumMeta) and issubclass(names, str)):
-        problems.append(f"{_REGISTER}._AttnBackend is no longer a str Enum")
-    else:
-        for attr, kind in (("_member_map_", dict), ("_value2member_map_", dict),
-                           ("_member_names_", list)):
-            if not isinstance(getattr(names, attr, None), kind):
-                problems.append(f"_AttnBackend.{attr} is not a {kind.__name__}")
+    problems += enum_problems(f"{_REGISTER}._AttnBackend", names, str_valued=True)
     registry = getattr(reg, "_AttnBackendRegistry", None)
     register = getattr(registry, "register", None)
     need = {"backend", "constraints", "supports_context_parallel", "bridge_to_diffusers"}
-    if register is None or not need <= set(_params(register)):
+    if register is None or not need <= set(params(register)):
         problems.append(f"_AttnBackendRegistry.register no longer takes {sorted(need)}")
     for attr in ("_backends", "get_backend", "is_context_parallel_available"):
         if not hasattr(registry, attr):
             problems.append(f"_AttnBackendRegistry.{attr} is gone")
     cp = getattr(reg, "_context_parallel_attention", None)
     need = {"forward_op", "backward_op", "_cp_config", "return_lse", "cp_gqa_strategy"}
-    if cp is None or not need <= set(_params(cp)):
+    if cp is None or not need <= set(params(cp)):
         problems.append(f"{_REGISTER}._context_parallel_attention no longer takes {sorted(need)}")
     native = importlib.import_module(_NATIVE)
     fn, op = getattr(native, "_native_attention", None), getattr(
         native, "_native_attention_forward_op", None)
-    if fn is None or _params(fn) != _BACKEND_PARAMS:
+    if fn is None or params(fn) != _BACKEND_PARAMS:
         problems.append(f"backends no longer take {_BACKEND_PARAMS} (native takes "
-                        f"{None if fn is None else _params(fn)})")
-    if op is None or _params(op) != _FORWARD_OP_PARAMS:
+                        f"{None if fn is None else params(fn)})")
+    if op is None or params(op) != _FORWARD_OP_PARAMS:
         problems.append(f"forward ops no longer take {_FORWARD_OP_PARAMS} (native's takes "
-                        f"{None if op is None else _params(op)})")
+                        f"{None if op is None else params(op)})")
     return problems
 
 
@@ -141,20 +130,6 @@ def fp8dit_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         _cp_config=_cp_config)
 
 
-def _member(names):
-    member = names._value2member_map_.get(BACKEND_NAME)
-    if member is not None:
-        return member
-    member = str.__new__(names, BACKEND_NAME)
-    member._name_ = MEMBER_NAME
-    member._value_ = BACKEND_NAME
-    member.__objclass__ = names
-    names._member_names_.append(MEMBER_NAME)
-    names._member_map_[MEMBER_NAME] = member
-    names._value2member_map_[BACKEND_NAME] = member
-    type.__setattr__(names, MEMBER_NAME, member)  # EnumType.__setattr__ guards members
-    return member
-
 
 def register():
     """Register ``"fp8dit"`` in cache-dit's attention registry (context parallelism declared
@@ -188,7 +163,7 @@ def register():
 
     register_diffusers()
     reg = sys.modules[_REGISTER]
-    member = _member(reg._AttnBackend)
+    member = add_member(reg._AttnBackend, MEMBER_NAME, BACKEND_NAME)
     if reg._AttnBackendRegistry._backends.get(member) is not fp8dit_attention:
         reg._AttnBackendRegistry.register(member, constraints=[], supports_context_parallel=True,
                                           bridge_to_diffusers=False)(fp8dit_attention)

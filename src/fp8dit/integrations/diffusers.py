@@ -40,8 +40,6 @@ when diffusers changed, instead of failing inside a forward.
 from __future__ import annotations
 
 import contextlib
-import enum
-import inspect
 import logging
 import sys
 
@@ -52,6 +50,7 @@ from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..rope import check_rotary, fused_rotary, rope_tables, rotate_first
+from .registry import add_member, enum_problems, params
 
 BACKEND_NAME = "fp8dit"
 TORCH_SDPA = "torch-sdpa"  # layer_backends' name for layers that bypass diffusers' dispatcher
@@ -365,22 +364,12 @@ def _dispatch():
     return module
 
 
-def _params(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
 def diffusers_internals_problems(dispatch=None) -> list[str]:
     """What this adapter needs from diffusers' private dispatcher and did not find (empty: fits)."""
     dispatch = dispatch or _dispatch()
     problems = []
     names = getattr(dispatch, "AttentionBackendName", None)
-    if not (isinstance(names, enum.EnumMeta) and issubclass(names, str)):
-        problems.append("AttentionBackendName is no longer a str Enum")
-    else:
-        for attr, kind in (("_member_map_", dict), ("_value2member_map_", dict),
-                           ("_member_names_", list)):
-            if not isinstance(getattr(names, attr, None), kind):
-                problems.append(f"AttentionBackendName.{attr} is not a {kind.__name__}")
+    problems += enum_problems("AttentionBackendName", names, str_valued=True)
     registry = getattr(dispatch, "_AttentionBackendRegistry", None)
     if registry is None:
         problems.append("_AttentionBackendRegistry is gone")
@@ -391,7 +380,7 @@ def diffusers_internals_problems(dispatch=None) -> list[str]:
                 problems.append(f"_AttentionBackendRegistry.{attr} is gone")
         register = getattr(registry, "register", None)
         need = {"backend", "constraints", "supports_context_parallel"}
-        if register is None or not need <= set(_params(register)):
+        if register is None or not need <= set(params(register)):
             problems.append(f"_AttentionBackendRegistry.register no longer takes {sorted(need)}")
     fn = getattr(dispatch, "dispatch_attention_fn", None)
     if fn is None:
@@ -399,16 +388,16 @@ def diffusers_internals_problems(dispatch=None) -> list[str]:
     else:
         # The dispatcher silently drops arguments a backend does not name: a renamed one (say
         # attn_mask) would be lost without an error.
-        passed = [p for p in _params(fn)[:8] if p not in _BACKEND_PARAMS]
+        passed = [p for p in params(fn)[:8] if p not in _BACKEND_PARAMS]
         if passed:
             problems.append(f"dispatch_attention_fn passes arguments fp8dit lacks: {passed}")
     templated = getattr(dispatch, "_templated_context_parallel_attention", None)
     need = {"forward_op", "backward_op", "return_lse", "_parallel_config"}
-    if templated is None or not need <= set(_params(templated)):
+    if templated is None or not need <= set(params(templated)):
         problems.append(f"_templated_context_parallel_attention no longer takes {sorted(need)}")
     native_op = getattr(dispatch, "_native_attention_forward_op", None)
-    if native_op is None or tuple(_params(native_op)) != _FORWARD_OP_PARAMS:
-        got = None if native_op is None else _params(native_op)
+    if native_op is None or tuple(params(native_op)) != _FORWARD_OP_PARAMS:
+        got = None if native_op is None else params(native_op)
         problems.append(
             f"context-parallel forward ops changed: expected parameters {list(_FORWARD_OP_PARAMS)}"
             f" like _native_attention_forward_op, got {got}"
@@ -419,18 +408,7 @@ def diffusers_internals_problems(dispatch=None) -> list[str]:
 def _add_backend_name(names, value: str = BACKEND_NAME, member_name: str = _MEMBER_NAME):
     """Add FP8DIT = "fp8dit" (or ``member_name = value``: benchmarks register baselines) to the
     AttentionBackendName enum (idempotent)."""
-    member = names._value2member_map_.get(value)
-    if member is not None:
-        return member
-    member = str.__new__(names, value)
-    member._name_ = member_name
-    member._value_ = value
-    member.__objclass__ = names
-    names._member_names_.append(member_name)
-    names._member_map_[member_name] = member
-    names._value2member_map_[value] = member
-    type.__setattr__(names, member_name, member)  # EnumType.__setattr__ guards members
-    return member
+    return add_member(names, member_name, value)
 
 
 def register():

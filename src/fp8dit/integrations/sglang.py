@@ -33,12 +33,12 @@ fp8dit is declared ring-capable; ``sglang serve``, ``DiffGenerator.from_pretrain
 
 from __future__ import annotations
 
-import enum
 import inspect
 import logging
 import sys
 
 from .engine_core import Engine, attend, attend_varlen
+from .registry import add_member, enum_problems, params
 
 BACKEND_NAME = "fp8dit"
 MEMBER_NAME = "FP8DIT"
@@ -71,22 +71,13 @@ _registered = False
 _classes: dict = {}
 
 
-def _params(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
 def _problems_light() -> list[str]:
     """What register() needs (modules SGLang's plugin loader has imported already)."""
     problems = []
     interface = sys.modules.get(_INTERFACE) or __import__(_INTERFACE, fromlist=["_"])
     names = getattr(interface, "AttentionBackendEnum", None)
-    if not isinstance(names, enum.EnumMeta):
-        problems.append(f"{_INTERFACE}.AttentionBackendEnum is no longer an Enum")
-    else:
-        for attr, kind in (("_member_map_", dict), ("_value2member_map_", dict),
-                           ("_member_names_", list)):
-            if not isinstance(getattr(names, attr, None), kind):
-                problems.append(f"AttentionBackendEnum.{attr} is not a {kind.__name__}")
+    problems += enum_problems(f"{_INTERFACE}.AttentionBackendEnum", names)
+    if not problems:
         if not all(isinstance(m.value, int) for m in names):
             problems.append("AttentionBackendEnum values are no longer integers (enum.auto())")
     plugins = sys.modules.get(_PLUGINS) or __import__(_PLUGINS, fromlist=["_"])
@@ -126,12 +117,12 @@ def sglang_internals_problems() -> list[str]:
                                                "max_seqlen", "cu_seqlens_host"]),
                            ("forward_ring_kv_chunk", ["self", "query", "key", "value"])):
             fn = getattr(impl, name, None)
-            if fn is None or _params(fn) != need:
+            if fn is None or params(fn) != need:
                 problems.append(f"AttentionImpl.{name} changed: expected parameters {need}, "
-                                f"got {None if fn is None else _params(fn)}")
+                                f"got {None if fn is None else params(fn)}")
     selector = importlib.import_module(_SELECTOR)
     fn = getattr(selector, "_cached_get_attn_backend", None)
-    if fn is None or "selected_backend" not in _params(getattr(fn, "__wrapped__", fn)):
+    if fn is None or "selected_backend" not in params(getattr(fn, "__wrapped__", fn)):
         problems.append(f"{HOOK_TARGETS['selector']} is gone or takes no selected_backend")
     server_args = importlib.import_module(_SERVER_ARGS)
     if not isinstance(getattr(server_args, "RING_CAPABLE_ATTENTION_BACKENDS", None), tuple):
@@ -150,7 +141,7 @@ def sglang_internals_problems() -> list[str]:
     else:
         fn = getattr(getattr(pipeline, "DiffusersPipeline", None), "_apply_attention_backend",
                      None)
-        if fn is None or _params(fn)[:3] != ["self", "pipe", "server_args"]:
+        if fn is None or params(fn)[:3] != ["self", "pipe", "server_args"]:
             problems.append(f"{HOOK_TARGETS['diffusers']} changed")
     return problems
 
@@ -163,16 +154,8 @@ def _member():
     member = names._member_map_.get(MEMBER_NAME)
     if member is not None:
         return member
-    value = max(m.value for m in names) + 1  # the enum's values are enum.auto() integers
-    member = object.__new__(names)
-    member._name_ = MEMBER_NAME
-    member._value_ = value
-    member.__objclass__ = names
-    names._member_names_.append(MEMBER_NAME)
-    names._member_map_[MEMBER_NAME] = member
-    names._value2member_map_[value] = member
-    type.__setattr__(names, MEMBER_NAME, member)  # EnumType.__setattr__ guards members
-    return member
+    # the enum's values are enum.auto() integers
+    return add_member(names, MEMBER_NAME, max(m.value for m in names) + 1)
 
 
 def _raise_if(problems: list[str]) -> None:

@@ -25,13 +25,12 @@ xDiT has no public way to add a backend name: :func:`register` adds a member to 
 
 from __future__ import annotations
 
-import enum
-import inspect
 import sys
 
 import torch
 
 from .engine_core import Engine, attend, attend_varlen
+from .registry import add_member, enum_problems, params
 
 BACKEND_NAME = "fp8dit"
 MEMBER_NAME = "FP8DIT"
@@ -48,10 +47,6 @@ _USP = "xfuser.model_executor.layers.usp"  # USP, ring_attn, _get_attention_func
 _FUNCTION_PARAMS = ["query", "key", "value", "dropout_p", "is_causal", "attention_kwargs"]
 
 
-def _params(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
 def xdit_internals_problems() -> list[str]:
     """What this adapter needs from xDiT's internals and did not find (empty: fits)."""
     import importlib
@@ -59,21 +54,15 @@ def xdit_internals_problems() -> list[str]:
     problems = []
     backends = importlib.import_module(_BACKENDS)
     names = getattr(backends, "AttentionBackendType", None)
-    if not isinstance(names, enum.EnumMeta):
-        problems.append(f"{_BACKENDS}.AttentionBackendType is no longer an Enum")
-    else:
-        for attr, kind in (("_member_map_", dict), ("_value2member_map_", dict),
-                           ("_member_names_", list)):
-            if not isinstance(getattr(names, attr, None), kind):
-                problems.append(f"AttentionBackendType.{attr} is not a {kind.__name__}")
+    problems += enum_problems(f"{_BACKENDS}.AttentionBackendType", names)
     registry = getattr(backends, "ATTENTION_FUNCTION_REGISTRY", None)
     if not isinstance(registry, dict):
         problems.append(f"{_BACKENDS}.ATTENTION_FUNCTION_REGISTRY is no longer a dict")
     else:
         sdpa = registry.get(getattr(names, "SDPA", None))
-        if sdpa is None or _params(sdpa) != _FUNCTION_PARAMS:
+        if sdpa is None or params(sdpa) != _FUNCTION_PARAMS:
             problems.append(f"attention functions no longer take {_FUNCTION_PARAMS} (the SDPA "
-                            f"one takes {None if sdpa is None else _params(sdpa)})")
+                            f"one takes {None if sdpa is None else params(sdpa)})")
     runtime = importlib.import_module(_RUNTIME)
     state = getattr(runtime, "RuntimeState", None)
     for attr in ("set_attention_backend", "set_cross_attention_backend",
@@ -92,20 +81,6 @@ def xdit_internals_problems() -> list[str]:
         problems.append(f"{_USP} no longer dispatches through ATTENTION_FUNCTION_REGISTRY")
     return problems
 
-
-def _member(names):
-    member = names._member_map_.get(MEMBER_NAME)
-    if member is not None:
-        return member
-    member = object.__new__(names)
-    member._name_ = MEMBER_NAME
-    member._value_ = BACKEND_NAME
-    member.__objclass__ = names
-    names._member_names_.append(MEMBER_NAME)
-    names._member_map_[MEMBER_NAME] = member
-    names._value2member_map_[BACKEND_NAME] = member
-    type.__setattr__(names, MEMBER_NAME, member)  # EnumType.__setattr__ guards members
-    return member
 
 
 def _ring_world_size() -> int:
@@ -183,7 +158,7 @@ def register():
             + f". Install xfuser=={SUPPORTED_VERSION} or update fp8dit/integrations/xdit.py."
         )
     backends = sys.modules[_BACKENDS]
-    member = _member(backends.AttentionBackendType)
+    member = add_member(backends.AttentionBackendType, MEMBER_NAME, BACKEND_NAME)
     backends.register_attention_function(member)(fp8dit_attention)
     return member
 

@@ -1,0 +1,49 @@
+"""Adding a backend to an engine's closed list of backends, which every adapter has to do.
+
+diffusers, SGLang, xDiT and cache-dit each name their attention backends by an ``Enum`` and
+offer no public way to add one: the adapters add a member in place and check first that the
+private parts of ``Enum`` and of the engine's functions they rely on are still there, so that a
+release that changes them fails with a list of what moved instead of inside a forward.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+
+_ENUM_TABLES = (("_member_map_", dict), ("_value2member_map_", dict), ("_member_names_", list))
+
+
+def params(fn) -> list[str]:
+    """``fn``'s parameter names, in order."""
+    return list(inspect.signature(fn).parameters)
+
+
+def enum_problems(where: str, names, *, str_valued: bool = False) -> list[str]:
+    """What :func:`add_member` needs of the Enum ``names`` (found at ``where``) and did not find.
+    ``str_valued``: its members must also be strings (a ``str`` Enum)."""
+    kind = "a str Enum" if str_valued else "an Enum"
+    if not isinstance(names, enum.EnumMeta) or (str_valued and not issubclass(names, str)):
+        return [f"{where} is no longer {kind}"]
+    return [f"{names.__name__}.{attr} is not a {typ.__name__}" for attr, typ in _ENUM_TABLES
+            if not isinstance(getattr(names, attr, None), typ)]
+
+
+def add_member(names, name: str, value):
+    """The member ``name = value`` of the Enum ``names``, added in place when neither the name
+    nor the value is one yet (idempotent). ``Enum`` guards its class attributes, hence
+    ``type.__setattr__``."""
+    member = names._member_map_.get(name)
+    if member is None:
+        member = names._value2member_map_.get(value)
+    if member is not None:
+        return member
+    member = str.__new__(names, value) if issubclass(names, str) else object.__new__(names)
+    member._name_ = name
+    member._value_ = value
+    member.__objclass__ = names
+    names._member_names_.append(name)
+    names._member_map_[name] = member
+    names._value2member_map_[value] = member
+    type.__setattr__(names, name, member)
+    return member
