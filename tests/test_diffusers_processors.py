@@ -432,7 +432,7 @@ def test_wan_replacement_is_guarded_by_diffusers_signature(monkeypatch):
 
 @pytest.mark.gpu
 def test_wan_rotary_processor_replays_in_a_cuda_graph():
-    # issue 5's graph line: the tables are made inside the captured region (no host read)
+    # CUDA graphs: the tables are made inside the captured region (no host read)
     model, inputs = build_tiny_wan(torch.bfloat16)
     fp8dit.enable(model)
     try:
