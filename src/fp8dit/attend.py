@@ -17,6 +17,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import env, quantize
+from .device import Target, is_hip, target_of
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import SEQ_FIELDS, SEQ_K_LEN
 from .merge import merge_stage
@@ -124,6 +125,35 @@ WS_CAUSAL_TILES: dict[int, dict] = {
 }
 
 
+# AMD Instinct, not yet measured on hardware. The starting point is AMD's own int8-QK /
+# fp8-PV Triton attention (ROCm/aiter, aiter/ops/triton/attention/fav3_sage.py,
+# get_sage_fwd_configs): 256 x 128 tiles, 8 wavefronts, waves_per_eu=2, 3 stages on gfx950 and
+# 2 on gfx942. Triton gives a kernel at most 256 VGPRs there (no AGPRs), and this kernel's kv
+# loop spilled at D=128 with 128-key blocks (gfx942: 19 spill instructions per step, 83 in the
+# masked loop; tests/test_hip_compile.py): 64-key blocks, none. D=256: 64 x 64 tiles with 4
+# wavefronts, as on NVIDIA (larger ones spilled in the loop). One program per CU:
+# waves_per_eu=2 leaves room for two wavefronts per SIMD, one 8-wavefront program per CU.
+AMD_TILES: dict[int, dict] = {
+    64: dict(block_m=256, block_n=128, num_warps=8),
+    128: dict(block_m=256, block_n=64, num_warps=8),
+    256: dict(block_m=64, block_n=64, num_warps=4),
+}
+AMD_STAGES = {"gfx942": 2, "gfx950": 3}
+
+
+def _amd_tile_config(tgt: Target, head_dim_padded: int, device: torch.device) -> dict:
+    """``tile_config`` on an AMD GPU (or the interpreter standing in for one): ``AMD_TILES``
+    for every recipe (``num_warps`` counts 64-wide wavefronts)."""
+    cfg = dict(AMD_TILES[head_dim_padded], num_stages=AMD_STAGES[tgt.arch], waves_per_eu=2,
+               programs_per_sm=1)
+    cfg.update(TILE_OVERRIDES.get(head_dim_padded, {}))
+    if device.type == "cuda":
+        cfg["num_programs"] = _sm_count(device.index or 0) * cfg["programs_per_sm"]
+    else:
+        cfg["num_programs"] = 4
+    return cfg
+
+
 def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None = None,
                 recipe: Recipe | None = None, is_causal: bool = False) -> dict:
     """Tile sizes and launch shape for a padded head dim (the plan's block sizes come from here).
@@ -138,6 +168,9 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None =
     # (shared memory), 460 against 438 TFLOPS; at D=128 the same is a tie (738 vs 741).
     # D=256: 64x64 tiles with 4 warps, 412 TFLOPS against 299-405 for 8 warps or 128-wide tiles
     # (still 0.62x cuDNN, so auto prefers SDPA at D=256).
+    tgt = target_of(device)
+    if tgt.hip:
+        return _amd_tile_config(tgt, head_dim_padded, device)
     if kernel is None:
         kernel = env.attention_kernel()
     if head_dim_padded in (64, 128) and kernel == "gluon-ws" and _gluon_ws_possible(device):
@@ -163,7 +196,7 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str | None =
 
 
 def _gluon_ws_possible(device: torch.device) -> bool:
-    return (device.type == "cuda" and not env.triton_interpret()
+    return (device.type == "cuda" and not env.triton_interpret() and not is_hip()
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
@@ -219,7 +252,7 @@ def use_gluon_sm90(plan: Plan, recipe: Recipe, device: torch.device,
     if kernel is None:
         kernel = kernel_for(plan.head_dim_padded, max(key.k_lens, default=0), key.is_causal,
                             recipe, device)
-    if device.type != "cuda" or env.triton_interpret() or kernel == "triton":
+    if device.type != "cuda" or is_hip() or env.triton_interpret() or kernel == "triton":
         return None
     if recipe.qk != "int8" or recipe.qk_terms != 1 or recipe.pv != "fp8":
         return None
@@ -312,6 +345,7 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             raise ValueError(f"the Triton kernel reads one K scale per kv block of {BN} keys; "
                              f"this workspace has {ws.k_sub} "
                              f"(quantize.K_SCALE_KEYS={quantize.K_SCALE_KEYS})")
+        tgt = target_of(out.device)
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
         desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
@@ -329,8 +363,9 @@ def attention_stage(plan: Plan, cfg: dict, ws: Workspace,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
             desc_qlo=desc_qlo, desc_klo=desc_klo, QK_TWO_TERM=two_term,
+            P_SHIFT=tgt.fp8.p_shift, FP8_FNUZ=tgt.fp8.fnuz,
             num_warps=cfg["num_warps"], num_stages=_num_stages(cfg, ws),
-            **_register_cap(cfg),
+            **_launch_options(cfg, tgt),
         )
     merge_stage(plan, ws, tabs, out, out_strides, lse, lse_strides)
 
@@ -342,6 +377,14 @@ def _register_cap(cfg: dict) -> dict:
     if cfg.get("maxnreg"):
         return {"maxnreg": cfg["maxnreg"]}
     return {}
+
+
+def _launch_options(cfg: dict, tgt: Target) -> dict:
+    """The launch options of a tile config beyond warps and stages: ``maxnreg`` on NVIDIA (and
+    the interpreter, which ignores it), ``waves_per_eu`` on AMD (HIP has no ``maxnreg``)."""
+    if tgt.hip:
+        return {"waves_per_eu": cfg["waves_per_eu"]} if cfg.get("waves_per_eu") else {}
+    return _register_cap(cfg)
 
 
 def _num_stages(cfg: dict, ws: Workspace) -> int:

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import env
+from . import device, env
 from .plan import MAX_HEAD_DIM, padded_head_dim
 
 logger = logging.getLogger("fp8dit")
 
-# Compute capability with FP8 tensor cores (Ada 8.9, Hopper 9.0 and newer).
-FP8_MIN_CAPABILITY = (8, 9)
 FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -70,19 +68,10 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return "FP8DIT_DISABLE=1 is set"
     if _TRITON_ERROR:
         return _TRITON_ERROR
-    dev = q.device
-    if dev.type == "cuda":
-        cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
-        if cap < FP8_MIN_CAPABILITY:
-            return (
-                f"GPU compute capability {cap[0]}.{cap[1]} has no FP8 tensor cores "
-                f"(needs {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or newer)"
-            )
-    elif dev.type == "cpu":
-        if not env.triton_interpret():
-            return "CPU tensors need TRITON_INTERPRET=1 to run the Triton kernels (interpreter)"
-    else:
-        return f"device type {dev.type!r} is not supported by the FP8 kernels"
+    # the GPU's FP8 support: NVIDIA sm_89 and newer, AMD gfx942 and gfx950 (fp8dit.device)
+    reason = device.fp8_unsupported_reason(q.device)
+    if reason is not None:
+        return reason
     if q.dtype not in FP8_INPUT_DTYPES:
         return f"dtype {q.dtype} is not supported (FP8 path takes bfloat16 or float16)"
     D = q.shape[-1]
@@ -116,7 +105,7 @@ def _warp_specialized_kernel_likely(q, is_causal: bool) -> bool:
 
     if is_causal or env.attention_kernel() not in ("auto", "gluon-ws"):
         return False
-    return (_capability(q.device.index or 0) == (9, 0)
+    return (not device.is_hip() and _capability(q.device.index or 0) == (9, 0)
             and attend.triton_release() in attend.WS_VERIFIED_TRITON)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import env
+from .device import fp8_format, target_of
 from .kernels.quantize import (
     N_STATS,
     ROPE_FOUR,
@@ -32,7 +33,6 @@ from .plan import Plan
 from .recipes import Recipe
 
 LOG2E = 1.4426950408889634
-FP8 = torch.float8_e4m3fn
 
 
 _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
@@ -141,11 +141,12 @@ class Workspace:
         )
 
 
-def tile_warps(rows: int, cols: int) -> int:
+def tile_warps(rows: int, cols: int, warp_size: int = 32) -> int:
     """Warps for an elementwise kernel holding an fp32 [rows, cols] tile: about 32 values per
     thread. With more, the sm_90 SASS of the quantization and merge kernels spilled registers
-    (tests/test_sm90_compile.py reads it)."""
-    return min(32, max(4, rows * cols // 1024))
+    (tests/test_sm90_compile.py reads it). ``warp_size``: 64 on AMD GPUs (wavefronts), where a
+    program has at most 16 of them."""
+    return min(1024 // warp_size, max(4, rows * cols // (32 * warp_size)))
 
 
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
@@ -161,13 +162,14 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     soft = env.triton_interpret()
+    tgt, fmt = target_of(dev), fp8_format(dev)
     qk_int8 = recipe.qk == "int8"
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
     tabs = tabs or plan.tables(dev)
     rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
-    qk_dtype = torch.int8 if qk_int8 else FP8
+    qk_dtype = torch.int8 if qk_int8 else fmt.dtype
     # kv blocks longer than K_SCALE_KEYS (the warp-specialized kernel's 256-key steps) are
     # quantized in k_sub programs of K_SCALE_KEYS rows, one K scale each (see K_SCALE_KEYS).
     k_sub = BN // K_SCALE_KEYS if BN > K_SCALE_KEYS else 1
@@ -198,7 +200,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         k8=torch.empty(Hkv, plan.k_total_padded, Dp, device=dev, dtype=qk_dtype),
         k_scale=torch.empty(Hkv, max(plan.n_kblocks * k_sub, 1), device=dev, dtype=f32),
         v8t=torch.empty(Hkv, Dp, plan.k_total_padded, device=dev,
-                        dtype=torch.bfloat16 if pv_bf16 else FP8),
+                        dtype=torch.bfloat16 if pv_bf16 else fmt.dtype),
         v_scale=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
         v_mean=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
         part_o=torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32),
@@ -228,13 +230,13 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             SUB=(KV_STATS_SUB_ELEMS_INTERPRET if soft else KV_STATS_SUB_ELEMS) // Dp,
             KBLK=BN if kamax_stats else 0, PREFETCH=KV_STATS_PREFETCH,
             FULL_FAST=KV_STATS_FULL_FAST,
-            num_warps=KV_STATS_WARPS, SOFT_CAST=soft, **rope_args,
+            num_warps=KV_STATS_WARPS, SOFT_CAST=soft, HIP=tgt.hip, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
             DP=Dp, CHUNK=plan.stats_chunk, ROWS=8, SMOOTH_K=recipe.smooth_k,
             CENTER_V=recipe.center_v,
-            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
+            TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, FP8_MAX=fmt.scale_max, num_warps=4,
         )
         rows = qbn // n_prog
         kv_iters = KV_QUANT_ITERS.get(Dp, 1)
@@ -246,7 +248,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=k_sub * n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
             ITERS=kv_iters, FINITE_FAST=KV_QUANT_FINITE_FAST, REVERSE=KV_QUANT_REVERSE,
-            num_warps=tile_warps(rows, Dp), **rope_args,
+            num_warps=tile_warps(rows, Dp, tgt.warp_size), HIP=tgt.hip, **fmt.constexprs(),
+            **rope_args,
         )
     if plan.max_q_blocks:
         q_rows = Q_QUANT_ROWS.get(Dp, BM)
@@ -259,7 +262,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
             SUBBLOCKS=q_sub, ITERS=q_iters, FINITE_FAST=Q_QUANT_FINITE_FAST,
-            num_warps=tile_warps(BM // q_sub, Dp),
+            num_warps=tile_warps(BM // q_sub, Dp, tgt.warp_size), HIP=tgt.hip,
+            **fmt.constexprs(),
             **rope_args,
         )
     return ws

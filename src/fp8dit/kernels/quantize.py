@@ -20,6 +20,12 @@ Other recipes switch parts of this with constexpr flags (the default compiles as
 ``PV_BF16`` stores V in bf16 without a scale (same transposed layout); ``TENSOR_SCALES`` takes
 one scale per tensor for Q, K and V from :func:`qkv_abs_max_kernel` +
 :func:`abs_max_finalize_kernel` (the per-tensor baseline).
+
+The device's constants arrive as constexprs too (``fp8dit.device``; the defaults are NVIDIA's):
+``FP8_MAX``, what an fp8 scale maps the largest magnitude to (448; 224 in fnuz), and
+``FP8_FNUZ``, fp8 codes in float8e4b8 (e4m3fnuz, AMD gfx942) instead of float8e4nv;
+``HIP``, an AMD GPU: no inline PTX (``common.mul_rn``, ``common.rotate_pair_bf16``) and the
+rotation's dot in HIP's input precisions (``_rotate``).
 """
 
 import triton
@@ -73,7 +79,7 @@ ROPE_FOUR = 3
 @triton.jit
 def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
                 DP: tl.constexpr, ROWS: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
-                ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+                ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr, HIP: tl.constexpr = False):
     """Rows ``row0 + loc`` of one head (``x``: fp32 [ROWS, DP], zeros where masked) rotated
     pairwise the way diffusers rotates q and k before attention (``fp8dit.rope``), in the same
     arithmetic and with the same roundings, so the quantization sees bitwise the tensor
@@ -127,11 +133,11 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
         s2 = s
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
     if ROPE == 2:  # ROPE_ROUNDED (a product of two bf16 values is exact in fp32)
-        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST)
+        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST, HIP)
     else:
-        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s2, SOFT_CAST), x_ptr,
+        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST, HIP) - mul_rn(xo, s2, SOFT_CAST, HIP), x_ptr,
                             SOFT_CAST).to(tl.float32)
-        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c2, SOFT_CAST), x_ptr,
+        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST, HIP) + mul_rn(xo, c2, SOFT_CAST, HIP), x_ptr,
                             SOFT_CAST).to(tl.float32)
     out = tl.reshape(tl.join(oe, oo), [ROWS, DP])
     if ROPE_RANGE:
@@ -167,7 +173,8 @@ def _block_and_head(HEADS_FIRST: tl.constexpr, REVERSE: tl.constexpr = False):
 
 
 @triton.jit
-def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
+def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
+            HIP: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
     scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
@@ -175,12 +182,19 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
     int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
     accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
     off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
-    the quantization ~170 ms slower at Wan 720p (run s5-7)."""
+    the quantization ~170 ms slower at Wan 720p (run s5-7). ``HIP`` (AMD, no tf32x3; tf32 on
+    gfx942 only): "ieee", which runs on the fp32 matrix instructions of CDNA3/4 (gfx942 and
+    gfx950 ISA), at fp32 accuracy for both; its speed is not yet measured."""
     offs = tl.arange(0, DP)
     r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
-    if PRECISE:
-        return tl.dot(x, r, input_precision="tf32x3")
-    return tl.dot(x, r)
+    # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
+    if HIP:
+        y = tl.dot(x, r, input_precision="ieee")
+    elif PRECISE:
+        y = tl.dot(x, r, input_precision="tf32x3")
+    else:
+        y = tl.dot(x, r)
+    return y
 
 
 @triton.jit
@@ -202,7 +216,8 @@ def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d
                         out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
                         DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                         KBLK: tl.constexpr, PREFETCH: tl.constexpr, HALF_D: tl.constexpr,
-                        ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+                        ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr,
+                        HIP: tl.constexpr = False):
     """One chunk of ``kv_channel_stats_kernel``, any length and any values: rows past ``k_len``
     masked, non-finite values left out (and K's flagged per block). Stores the chunk's four
     rows at ``out`` and, with ``KBLK``, each block's K max and min from ``kout`` on."""
@@ -237,7 +252,7 @@ def _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d
             if ROPE:
                 k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i,
                                 loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
-                                HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+                                HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP)
             ksum += finite_or(k, 0.0)
             vsum += finite_or(v, 0.0)
             vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
@@ -266,7 +281,7 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
                       cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
                       DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                       KBLK: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
-                      ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+                      ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr, HIP: tl.constexpr = False):
     """One whole chunk (all ``CHUNK`` rows inside the sequence) of finite values: what
     :func:`_stats_chunk_masked` stores, bitwise, with a third of its instructions. That pass
     issued ~145 instructions per 4-row sub-tile and thread (sm_90 SASS), as many as the DRAM
@@ -315,7 +330,7 @@ def _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d, dmask, 
             vmin = tl.minimum(vmin, v)
             if ROPE:
                 k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i, loc, loc >= 0, rope_lo,
-                                rope_n, DP, SUB, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+                                rope_n, DP, SUB, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP)
             ksum += k
             if KBLK > 0:
                 kmax = tl.maximum(kmax, k)
@@ -344,7 +359,7 @@ def kv_channel_stats_kernel(
     PREFETCH: tl.constexpr = False, FULL_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
-    SOFT_CAST: tl.constexpr = False,
+    SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -389,11 +404,12 @@ def kv_channel_stats_kernel(
                 masked = _stats_chunk_full(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, offs_d,
                                            dmask, loc, out, kout, cos_ptr, sin_ptr, k_ptr,
                                            rope_lo, rope_n, DP, CHUNK, SUB, KBLK, HALF_D, ROPE,
-                                           ROPE_RANGE, SOFT_CAST)
+                                           ROPE_RANGE, SOFT_CAST, HIP)
         if masked:
             _stats_chunk_masked(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask,
                                 loc, out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP,
-                                CHUNK, SUB, KBLK, PREFETCH, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+                                CHUNK, SUB, KBLK, PREFETCH, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST,
+                                HIP)
 
 
 @triton.jit
@@ -402,6 +418,7 @@ def kv_stats_finalize_kernel(
     n_chunks, D,
     DP: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr, SMOOTH_K: tl.constexpr,
     CENTER_V: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
+    FP8_MAX: tl.constexpr = 448.0,
 ):
     """Per (kv head, sequence): add the chunks up (fixed order) into K's channel mean and V's
     channel mean and fp8 scale, once, so the quantization programs read one row each.
@@ -409,7 +426,8 @@ def kv_stats_finalize_kernel(
     Chunks are read ``ROWS`` at a time as [ROWS, DP] tiles: with short chunks there are dozens
     per head, and one dependent load per chunk left this latency-bound.
     ``PV_BF16``: V's scale is 1 (bf16 V is not scaled). ``TENSOR_SCALES``: V's scale is V's
-    tensor-wide amax (``amax_ptr[2]``) / 448 in every channel."""
+    tensor-wide amax (``amax_ptr[2]``) / ``FP8_MAX`` in every channel (the fp8 format's scale
+    limit, ``fp8dit.device.Fp8Format.scale_max``)."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     Hkv = tl.num_programs(0)
@@ -447,11 +465,11 @@ def kv_stats_finalize_kernel(
     if PV_BF16:
         v_scale = tl.full([DP], 1.0, dtype=tl.float32)
     elif TENSOR_SCALES:
-        v_scale = tl.zeros([DP], dtype=tl.float32) + tl.load(amax_ptr + 2) / 448.0
+        v_scale = tl.zeros([DP], dtype=tl.float32) + tl.load(amax_ptr + 2) / FP8_MAX
     else:
         v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
         v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
-        v_scale = v_amax / 448.0
+        v_scale = v_amax / FP8_MAX
     out = (b * Hkv + h) * DP + offs_d
     tl.store(k_mean_ptr + out, k_mean)
     tl.store(v_mean_ptr + out, v_mean)
@@ -496,6 +514,7 @@ def quantize_kv_kernel(
     FINITE_FAST: tl.constexpr = False, REVERSE: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
+    FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """``ITERS`` consecutive blocks of ``BLOCK_N`` tokens of one kv head: smooth + quantize K,
     center + quantize V.
@@ -525,7 +544,7 @@ def quantize_kv_kernel(
     it; heads first in the grid (``_block_and_head``). ``REVERSE``: the grid walked backwards
     (``_block_and_head``), starting where the statistics pass ended.
     """
-    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else FP8_MAX
     pid, h, Hkv, b = _block_and_head(ROPE != 0, REVERSE)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
@@ -580,7 +599,7 @@ def quantize_kv_kernel(
             if ROPE:
                 k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
                                 loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
-                                SOFT_FP8_CAST)
+                                SOFT_FP8_CAST, HIP)
             v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk,
                                     vloc, offs_d, dmask, BLOCK_N)
             if ITERS > 1:
@@ -595,7 +614,7 @@ def quantize_kv_kernel(
             if not KAMAX_FROM_STATS:
                 n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
             if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-                ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM)
+                ks = _rotate(finite_or(ks, 0.0), rot_ptr, DP, TWO_TERM, HIP)
             if TENSOR_SCALES:
                 k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
             elif KAMAX_FROM_STATS:
@@ -622,7 +641,7 @@ def quantize_kv_kernel(
                 else:
                     k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
             else:
-                k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+                k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST, FP8_MAX, FP8_FNUZ)
             prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
             k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
             if TWO_TERM:
@@ -646,7 +665,8 @@ def quantize_kv_kernel(
                 # kernel multiplies P by it): see v_block_log2_scale.
                 inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
                 vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
-                v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST, CLAMP=not FINITE_FAST))
+                v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST, CLAMP=not FINITE_FAST,
+                                           FP8_MAX=FP8_MAX, FP8_FNUZ=FP8_FNUZ))
             tl.store(
                 v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
                 + offs_d[:, None] * Tk_pad + loc[None, :],
@@ -662,7 +682,7 @@ def _max_keep_nan(a, b):
 @triton.jit
 def _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M: tl.constexpr, QMAX: tl.constexpr,
                         QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
-                        TENSOR_SCALES: tl.constexpr):
+                        TENSOR_SCALES: tl.constexpr, FP8_FNUZ: tl.constexpr = False):
     """Per-row scales of ``qr`` (``q`` rotated, or ``q``), its int8 / fp8 codes, and each
     row's count of non-finite values of ``q`` (any values: non-finite ones left out of the
     scale)."""
@@ -671,7 +691,7 @@ def _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M: tl.constexpr, QMAX: tl.constex
     else:
         amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
         scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
-    q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
+    q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST, QMAX, FP8_FNUZ)
     n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
     return scale, q8, n_bad
 
@@ -703,6 +723,7 @@ def quantize_q_kernel(
     ITERS: tl.constexpr = 1, FINITE_FAST: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
+    FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """``ITERS`` consecutive blocks of ``BLOCK_M`` query tokens of one head: per-token scale.
 
@@ -723,7 +744,7 @@ def quantize_q_kernel(
     ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; heads first in the grid
     (``_block_and_head``).
     """
-    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else FP8_MAX
     pid, h, H, b = _block_and_head(ROPE != 0)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
@@ -752,9 +773,9 @@ def quantize_q_kernel(
             if ROPE:
                 q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
                                 loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
-                                ROPE_RANGE, SOFT_FP8_CAST)
+                                ROPE_RANGE, SOFT_FP8_CAST, HIP)
             if ROTATE:
-                qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM)  # masked: already 0
+                qr = _rotate(finite_or(q, 0.0), rot_ptr, DP, TWO_TERM, HIP)  # masked: already 0
             else:
                 qr = q
             if FINITE_FAST and QK_INT8 and not (ROTATE or TWO_TERM or TENSOR_SCALES):
@@ -772,7 +793,7 @@ def quantize_q_kernel(
                                                            TENSOR_SCALES)
             else:
                 scale, q8, n_bad = _q_scales_and_codes(q, qr, amax_ptr, BLOCK_M, QMAX, QK_INT8,
-                                                       SOFT_FP8_CAST, TENSOR_SCALES)
+                                                       SOFT_FP8_CAST, TENSOR_SCALES, FP8_FNUZ)
             prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in [H*Tq_pad]
             q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]
             if TWO_TERM:
