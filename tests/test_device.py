@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import fp8dit
 from fp8dit import attend, device, dispatch
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
 
@@ -134,3 +135,13 @@ def test_interpret_as_is_scoped_and_checked():
     with pytest.raises(ValueError, match="arch: expected one of gfx942, gfx950, got 'gfx90a'"):
         with device.interpret_as("gfx90a"):
             pass
+
+
+def test_rotation_past_the_lds_is_refused_on_amd():
+    """The Hadamard-rotated recipes hold a [Dp, Dp] fp32 matrix in shared memory: 256 KB at
+    padded head dim 256, over both AMD CUs' LDS (64 KB, 160 KB). A clear error instead of a
+    launch that cannot get its LDS."""
+    q = torch.randn(1, 40, 2, 200).bfloat16()
+    with device.interpret_as("gfx950"):
+        with pytest.raises(ValueError, match=r"int8qk-fp8pv-rot.* 256 KB .* gfx950 has \(160 KB\)"):
+            fp8dit.attention(q, q, q, backend="fp8", recipe="int8qk-fp8pv-rot")

@@ -69,6 +69,8 @@ NVIDIA_FP8_MIN_CAPABILITY = (8, 9)
 # their FP8 format.
 AMD_FP8_ARCHS = {"gfx942": E4M3FNUZ, "gfx950": E4M3FN}
 AMD_NAMES = {"gfx942": "MI300X/MI325X", "gfx950": "MI350X/MI355X"}
+# LDS (shared memory) per CU, bytes: what one program may hold
+AMD_LDS_BYTES = {"gfx942": 65536, "gfx950": 163840}
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Target:
     fp8: Fp8Format | None
     warp_size: int
     interpreted: bool = False
+    lds_bytes: int | None = None  # shared memory one program may hold (AMD; None: not checked)
 
     @property
     def max_warps(self) -> int:
@@ -109,7 +112,7 @@ def is_hip() -> bool:
 def amd_target(arch: str, interpreted: bool = False) -> Target:
     """An AMD architecture's target (``gfx942``: fnuz; unsupported ones: no fp8)."""
     return Target(arch, hip=True, fp8=AMD_FP8_ARCHS.get(arch), warp_size=64,
-                  interpreted=interpreted)
+                  interpreted=interpreted, lds_bytes=AMD_LDS_BYTES.get(arch))
 
 
 def _gpu_index(dev: torch.device) -> int:

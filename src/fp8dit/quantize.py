@@ -163,6 +163,11 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     soft = env.triton_interpret()
     tgt, fmt = target_of(dev), fp8_format(dev)
+    if recipe.rotate and tgt.lds_bytes and 4 * Dp * Dp > tgt.lds_bytes:
+        raise ValueError(
+            f"recipe {recipe.name!r}: its Hadamard rotation at padded head dim {Dp} holds a "
+            f"{4 * Dp * Dp // 1024} KB fp32 matrix in shared memory, more than {tgt.arch} has "
+            f"({tgt.lds_bytes // 1024} KB); use a recipe without rotation at this head dim")
     qk_int8 = recipe.qk == "int8"
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
