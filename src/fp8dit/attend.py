@@ -130,9 +130,10 @@ WS_CAUSAL_TILES: dict[int, dict] = {
 # get_sage_fwd_configs): 256 x 128 tiles, 8 wavefronts, waves_per_eu=2, 3 stages on gfx950 and
 # 2 on gfx942. Triton gives a kernel at most 256 VGPRs there (no AGPRs), and this kernel's kv
 # loop spilled at D=128 with 128-key blocks (gfx942: 19 spill instructions per step, 83 in the
-# masked loop; tests/test_hip_compile.py): 64-key blocks, none. D=256: 64 x 64 tiles with 4
-# wavefronts, as on NVIDIA (larger ones spilled in the loop). One program per CU:
-# waves_per_eu=2 leaves room for two wavefronts per SIMD, one 8-wavefront program per CU.
+# masked loop; tests/test_hip_compile.py): 64-key blocks, none in the unmasked loop. D=256
+# (auto runs SDPA there): 64 x 64 tiles with 4 wavefronts, as on NVIDIA; 128 x 64 spilled
+# ~150 instructions per step on gfx942, this none (gfx950: 73, docs/amd.md). One program per
+# CU: waves_per_eu=2 leaves room for two wavefronts per SIMD, one 8-wavefront program per CU.
 AMD_TILES: dict[int, dict] = {
     64: dict(block_m=256, block_n=128, num_warps=8),
     128: dict(block_m=256, block_n=64, num_warps=8),

@@ -46,9 +46,8 @@ def fp8_cast(x, SOFT_FP8_CAST: tl.constexpr, FP8_FNUZ: tl.constexpr = False):
 
     ``SOFT_FP8_CAST`` (the interpreter): rounded first, and NaN given its byte (0x7F or 0xFF,
     0x80 in fnuz) explicitly, the interpreter's cast turning it into a finite one (384 in
-    e4m3fn).
-    So the cast matches torch's on all 65,536 bfloat16 values within range and NaN, in both
-    formats (tests/test_fnuz.py).
+    e4m3fn). So the cast matches torch's on all 65,536 bfloat16 values within range and NaN,
+    in both formats (tests/test_fnuz.py).
     """
     if FP8_FNUZ:  # (one return: compiled Triton types every return of a function alike)
         if SOFT_FP8_CAST:
