@@ -232,7 +232,9 @@ def choose(backend: str, q, k, v, *, is_causal: bool, q_lens, k_lens,
         if backend == "fp8":
             raise BackendUnavailableError(f"backend='fp8' cannot run these inputs: {why_not}")
         return _fall_back(f"fp8 unavailable: {why_not}")
-    max_k_len = max((int(n) for n in k_lens), default=0)
+    max_k_len = 0
+    for n in k_lens:  # not max(generator, default=0): dynamo before torch 2.14 cannot trace it
+        max_k_len = max(max_k_len, int(n))
     kernel, why_kernel = choose_kernel(q.shape[-1], max_k_len, is_causal, recipe, q.device)
     if backend == "fp8":
         return Choice("fp8", kernel, f"requested: {BACKENDS['fp8']}; {kernel} kernel: "

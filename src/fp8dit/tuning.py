@@ -20,7 +20,6 @@ replaces the value. Plans are cached by their tile sizes, so a tile override get
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -254,13 +253,15 @@ DEFAULT = Tuning(
                          "with 4 warps the same"),
 )
 
-_active: contextvars.ContextVar[Tuning] = contextvars.ContextVar("fp8dit_tuning",
-                                                                 default=DEFAULT)
+# A plain dict, not a ContextVar: torch.compile traces current() (through the dispatcher), and
+# dynamo before torch 2.14 cannot trace ContextVar.get (a graph break; an error under
+# fullgraph=True). Overrides are process-wide, for benchmarks and tests.
+_ACTIVE: dict[str, Tuning] = {"tuning": DEFAULT}
 
 
 def current() -> Tuning:
     """The tuning in force: :data:`DEFAULT` unless an :func:`override` is active."""
-    return _active.get()
+    return _ACTIVE["tuning"]
 
 
 def _changed(value, change):
@@ -289,8 +290,9 @@ def override(**changes) -> Iterator[Tuning]:
     >>> with tuning.override(tiles={128: dict(block_n=64)}, quantization=dict(q_rows={128: 64})):
     ...     out = fp8dit.attention(q, k, v)
     """
-    token = _active.set(_changed(current(), changes))
+    previous = current()
+    _ACTIVE["tuning"] = _changed(previous, changes)
     try:
         yield current()
     finally:
-        _active.reset(token)
+        _ACTIVE["tuning"] = previous
