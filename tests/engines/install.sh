@@ -15,9 +15,10 @@ trap 'rm -f "$pin"' EXIT
 # flash-attn-4, cutlass-dsl, deep-gemm, ...), none of which installs on a CPU machine or is
 # needed here: the wheel alone (--no-deps), then below what `sglang.multimodal_gen`'s plugin
 # loader, server arguments, attention layers, distributed state and diffusers pipeline import,
-# at SGLang's own pins where it declares one. Left out: torchvision, which SGLang's LLM model
-# configs import and diffusion attention never uses (PyPI's builds need PyPI's CUDA torch): the
-# SGLang test stubs it (tests/engines/stubs.py).
+# and what the modules of `sglang generate` and `sglang serve` import (imageio-ffmpeg,
+# python-multipart), at SGLang's own pins where it declares one. Left out: torchvision, which
+# SGLang's LLM model configs import and diffusion attention never uses (PyPI's builds need
+# PyPI's CUDA torch): the SGLang test stubs it (tests/engines/stubs.py).
 "${PIP[@]}" --no-deps "sglang==0.5.23"
 
 # xDiT and cache-dit with their dependencies; SGLang's light dependencies; one transformers for
@@ -29,4 +30,5 @@ trap 'rm -f "$pin"' EXIT
     "orjson==3.13.0" "pybase64==1.5.1" "msgspec==0.23.0" "pyzmq==27.3.0" "ipython==9.18.1" \
     "aiohttp==3.14.5" "addict==2.4.0" "apache-tvm-ffi==0.1.11" "dill==0.4.1" \
     "compressed-tensors==0.18.0" "loguru==0.7.3" "gguf==0.19.0" "imageio==2.36.0" \
-    "openai==2.8.0" "partial-json-parser==0.2.1.1.post7" "uvicorn==0.55.0" "fastapi"
+    "openai==2.8.0" "partial-json-parser==0.2.1.1.post7" "uvicorn==0.55.0" "fastapi" \
+    "imageio-ffmpeg==0.5.1" "python-multipart==0.0.34"

@@ -27,8 +27,10 @@ plugin hook registry. Everything private it relies on is listed by
 
 Known limit (SGLang 0.5.23): the top-level ``sglang generate`` builds its ``ServerArgs`` before it
 loads plugins, so its check ``--ring-degree > 1`` needs a ring-capable backend name runs before
-fp8dit is declared ring-capable; ``sglang serve``, ``DiffGenerator.from_pretrained(...)`` and
-``python -m sglang.multimodal_gen.runtime.entrypoints.cli.main generate`` load plugins first.
+fp8dit is declared ring-capable (``ValueError: Ring Attention requires one of the ring-capable
+backends (fa, sage_attn), got 'fp8dit'``); ``sglang serve``, ``DiffGenerator.from_pretrained(...)``
+and ``python -m sglang.multimodal_gen.runtime.entrypoints.cli.main generate`` load plugins first
+(docs/integrations.md).
 """
 
 from __future__ import annotations
