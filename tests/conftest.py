@@ -74,6 +74,8 @@ def _clean_fp8dit_env(monkeypatch):
 TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
                 in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128,
                 num_layers=2, rope_max_seq_len=64)
+TINY_WAN_LATENT = (2, 16, 16)
+TINY_WAN_TEXT = 24
 
 
 @pytest.fixture(scope="module")
@@ -81,23 +83,38 @@ def tiny_wan():
     return build_tiny_wan()
 
 
-def build_tiny_wan(rope_dtype=None):
+def build_tiny_wan(rope_dtype=None, *, heads=None, num_layers=None, latent=TINY_WAN_LATENT,
+                   qk_gain=1.0, device=DEVICE):
     """diffusers' WanTransformer3DModel (TINY_WAN, bf16 weights) and one input; ``rope_dtype``:
     its rotary tables cast to it (float32 as diffusers builds them; ``model.to(bfloat16)``
-    casts them to bf16, as most pipelines and the benchmarks do)."""
+    casts them to bf16, as most pipelines and the benchmarks do).
+
+    ``heads`` and ``num_layers`` replace TINY_WAN's; ``latent`` is the [F, H, W] of the input
+    (patch 1 x 2 x 2: F*H*W/4 tokens); ``qk_gain`` scales the q/k RMS-norm weights (random
+    weights give near-uniform attention; sharper scores make a wrong merge show); ``device``:
+    where the model and input live (the context-parallel ranks build on the CPU)."""
     diffusers = pytest.importorskip("diffusers")
+    config = dict(TINY_WAN)
+    if heads is not None:
+        config["num_attention_heads"] = heads
+    if num_layers is not None:
+        config["num_layers"] = num_layers
     torch.manual_seed(0)
-    model = diffusers.WanTransformer3DModel(**TINY_WAN).to(DEVICE).eval().requires_grad_(False)
-    for p in model.parameters():
+    model = diffusers.WanTransformer3DModel(**config).to(device).eval().requires_grad_(False)
+    for name, p in model.named_parameters():
+        if qk_gain != 1.0 and name.endswith(("norm_q.weight", "norm_k.weight")):
+            p.data.mul_(qk_gain)
         p.data = p.data.to(torch.bfloat16)
     if rope_dtype is not None:
         for name in ("freqs_cos", "freqs_sin"):
             setattr(model.rope, name, getattr(model.rope, name).to(rope_dtype))
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    gen = torch.Generator(device=device).manual_seed(1)
     inputs = dict(
-        hidden_states=torch.randn(1, 4, 2, 16, 16, generator=gen, device=DEVICE).bfloat16(),
-        timestep=torch.tensor([700.0], device=DEVICE),
-        encoder_hidden_states=torch.randn(1, 24, 32, generator=gen, device=DEVICE).bfloat16(),
+        hidden_states=torch.randn(1, config["in_channels"], *latent, generator=gen,
+                                  device=device).bfloat16(),
+        timestep=torch.tensor([700.0], device=device),
+        encoder_hidden_states=torch.randn(1, TINY_WAN_TEXT, config["text_dim"], generator=gen,
+                                          device=device).bfloat16(),
     )
     return model, inputs
 

@@ -19,10 +19,8 @@ Two shims make diffusers 0.42's context parallelism run on a CPU-only torch (see
 
 import functools
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,8 +30,9 @@ import torch
 pytest.importorskip("diffusers")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from diffusers import ContextParallelConfig, WanTransformer3DModel  # noqa: E402
+from conftest import TINY_WAN_TEXT, build_tiny_wan  # noqa: E402
+from diffusers import ContextParallelConfig  # noqa: E402
+from engines import ranks as engine_ranks  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit.integrations import diffusers as fd  # noqa: E402
@@ -43,12 +42,10 @@ from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 WORLD = 2
 TIMEOUT_S = 150  # the spawn takes 20-40 s on 2 CPU cores; a hang fails instead of blocking CI
 HEADS = 10  # Ulysses: 5 per rank
-TINY = dict(patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=64,
-            in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2,
-            rope_max_seq_len=64)
+LAYERS = 2
 LATENT = (2, 14, 18)  # -> 2 x 7 x 9 = 126 tokens, 63 per rank
 TOKENS = LATENT[0] * (LATENT[1] // 2) * (LATENT[2] // 2)
-TEXT = 24  # cross-attention keys; diffusers' Wan plan does not split the text
+TEXT = TINY_WAN_TEXT  # cross-attention keys; diffusers' Wan plan does not split the text
 # Random weights give near-uniform attention (scores of std ~1 over 126 keys), under which even a
 # ring merge with the LSE in log2 units stayed at cos 0.9997: sharper scores (x4) make the tiny
 # model see a wrong merge (cos 0.998, error x2.4).
@@ -80,21 +77,8 @@ def _kernels_interpreted() -> bool:
 
 
 def _tiny_wan():
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(**TINY).eval().requires_grad_(False)
-    for name, p in model.named_parameters():
-        if name.endswith(("norm_q.weight", "norm_k.weight")):
-            p.data.mul_(QK_GAIN)
-        p.data = p.data.to(torch.bfloat16)
-    gen = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(1, TINY["in_channels"], *LATENT, generator=gen).bfloat16(),
-        timestep=torch.tensor([700.0]),
-        encoder_hidden_states=torch.randn(1, TEXT, TINY["text_dim"], generator=gen).bfloat16(),
-    )
-    return model, inputs
-
-
+    return build_tiny_wan(heads=HEADS, num_layers=LAYERS, latent=LATENT, qk_gain=QK_GAIN,
+                          device="cpu")
 
 
 def _qkv(case):
@@ -167,8 +151,7 @@ def _run_rank(rank):
     return results
 
 
-def _worker(rank, port, out_dir):
-    torch.set_num_threads(1)  # 2 ranks on 2 cores
+def _worker(rank, port):
     # "cpu:gloo", not "gloo": CPU tensors over gloo whatever torch.accelerator says (a CUDA build
     # of torch on a machine without a GPU names cuda, and diffusers gathers sizes there unless the
     # backend string names the CPU).
@@ -179,28 +162,7 @@ def _worker(rank, port, out_dir):
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(out_dir):
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):  # raises with the rank's traceback if one failed
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} context-parallel ranks did not finish in {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    return results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,11 +177,7 @@ def ranks():
     if os.environ.get("TRITON_INTERPRET") != "1" or not _kernels_interpreted():
         pytest.skip("the CPU ranks need Triton's interpreter (TRITON_INTERPRET=1, set by "
                     "conftest.py without a GPU); on GPUs run benchmarks/bench_context_parallel.py")
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        _spawn(tmp)
-        print(f"\n{WORLD} ranks: {time.perf_counter() - t0:.1f} s")
-        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return engine_ranks.run(_worker, timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +238,7 @@ def test_ulysses_tiny_wan_matches_single_process(ranks, single):
         assert {c["backend"] for c in calls} == {"fp8"}, calls
         self_attn = ((1, TOKENS, HEADS // WORLD, 64), (1, TOKENS, HEADS // WORLD, 64))
         cross = ((1, local_q, HEADS, 64), (1, TEXT, HEADS, 64))
-        assert _shapes(calls) == sorted([self_attn, cross] * TINY["num_layers"]), calls
+        assert _shapes(calls) == sorted([self_attn, cross] * LAYERS), calls
     _check_model(ranks, single, "ulysses")
 
 
@@ -292,7 +250,7 @@ def test_ring_tiny_wan_matches_single_process(ranks, single):
         assert {c["backend"] for c in calls} == {"fp8"}, calls
         chunk = ((1, local, HEADS, 64), (1, local, HEADS, 64))
         cross = ((1, local, HEADS, 64), (1, TEXT, HEADS, 64))
-        assert _shapes(calls) == sorted([chunk, chunk, cross] * TINY["num_layers"]), calls
+        assert _shapes(calls) == sorted([chunk, chunk, cross] * LAYERS), calls
     _check_model(ranks, single, "ring")
 
 

@@ -26,18 +26,17 @@ import torch
 if importlib.util.find_spec("cache_dit") is None:
     pytest.skip("cache-dit is not installed (tests/engines/install.sh)", allow_module_level=True)
 
+from conftest import TINY_WAN_TEXT, build_tiny_wan  # noqa: E402
 from engines import ranks as engine_ranks  # noqa: E402
 
 import fp8dit  # noqa: E402
 from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 
 HEADS = 4  # Ulysses: 2 per rank
-TINY = dict(patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=64,
-            in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=1,
-            rope_max_seq_len=64)
+LAYERS = 1
 LATENT = (2, 14, 18)  # -> 2 x 7 x 9 = 126 tokens, 63 per rank
-TOKENS = 126
-TEXT = 24
+TOKENS = LATENT[0] * (LATENT[1] // 2) * (LATENT[2] // 2)
+TEXT = TINY_WAN_TEXT
 LSE_TOKENS = 2 * 67  # direct calls with the LSE: 67 per rank, no tile multiple
 LSE_ERROR_RATIO = 1.5  # max-abs LSE error over the one-process call's
 QK_GAIN = 2.0  # sharper scores than random weights give, so that a wrong merge shows
@@ -50,21 +49,8 @@ ERROR_RATIO_VS_BF16 = 1.25
 
 
 def _tiny_wan():
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(**TINY).eval().requires_grad_(False)
-    for name, p in model.named_parameters():
-        if name.endswith(("norm_q.weight", "norm_k.weight")):
-            p.data.mul_(QK_GAIN)
-        p.data = p.data.to(torch.bfloat16)
-    gen = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(1, TINY["in_channels"], *LATENT, generator=gen).bfloat16(),
-        timestep=torch.tensor([700.0]),
-        encoder_hidden_states=torch.randn(1, TEXT, TINY["text_dim"], generator=gen).bfloat16(),
-    )
-    return model, inputs
+    return build_tiny_wan(heads=HEADS, num_layers=LAYERS, latent=LATENT, qk_gain=QK_GAIN,
+                          device="cpu")
 
 
 def _lse_qkv():
@@ -152,7 +138,7 @@ def test_cache_dit_internals_fit(ranks):
 def test_cache_dit_one_process_runs_fp8dit(ranks):
     calls = ranks[0]["one_calls"]
     # self- and cross-attention of both blocks, through diffusers' dispatcher
-    assert len(calls) == 2 * TINY["num_layers"] and {c["backend"] for c in calls} == {"fp8"}
+    assert len(calls) == 2 * LAYERS and {c["backend"] for c in calls} == {"fp8"}
     stats = error_stats(ranks[0]["one"], ranks[0]["bf16"])
     print(f"one process vs bf16: {stats}")
     assert not stats.nan and stats.cos > COS_VS_BF16
