@@ -9,8 +9,9 @@ fp8dit.integrations.cache_dit``, then a tiny diffusers ``WanTransformer3DModel``
   attention_backend="fp8dit"))`` and ``ring_size=2``: cache-dit splits the tokens, patches Wan's
   processor and runs its own Ulysses and ring attention around fp8dit (the ring merging the LSE
   fp8dit returns), against the one-process fp8dit forward and the bf16 forward;
-* a masked call under Ulysses, which goes to cache-dit's native backend (cache-dit takes no
-  mask under its ring attention, native backend included).
+* a key-padding mask through cache-dit's own dispatcher in one process (FP8 over the kept keys,
+  against fp64), and under Ulysses, where it goes to cache-dit's native backend (cache-dit takes
+  no mask under its ring attention, native backend included).
 
 One CPU shim (``_cpu_shim``), named with its reason: cache-dit's ring merges partial outputs
 with its fused Triton op, registered for CUDA only; on CPU its own torch merge runs (the code
@@ -64,6 +65,12 @@ def _masked_qkv():
     return tuple(torch.randn(1, 16, 2, 64, generator=g).bfloat16() for _ in range(3))
 
 
+def _key_padding_mask():
+    mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)  # SDPA's convention: the first 13 keys
+    mask[..., 13:] = False
+    return mask
+
+
 def _forward(model, inputs):
     with torch.no_grad():
         return model(**inputs, return_dict=False)[0]
@@ -94,6 +101,14 @@ def _rank(rank, port):
     with fd.record_calls() as calls:
         res["one"] = _forward(model, inputs)
     res["one_calls"] = list(calls)
+    # a key-padding mask through cache-dit's own dispatcher, one process
+    from cache_dit.attention import _dispatch_attention_fn
+
+    q, k, v = _masked_qkv()
+    with fc.ENGINE.record_calls() as calls:
+        res["masked_one"] = _dispatch_attention_fn(q, k, v, attn_mask=_key_padding_mask(),
+                                                   backend="fp8dit")
+    res["masked_one_calls"] = list(calls)
     for mode, size in (("ulysses", dict(ulysses_size=2)), ("ring", dict(ring_size=2))):
         model, inputs = _tiny_wan()
         config = cache_dit.ParallelismConfig(attention_backend="fp8dit", **size)
@@ -113,11 +128,10 @@ def _rank(rank, port):
         if mode == "ulysses":  # a mask under context parallelism: cache-dit's native backend
             q, k, v = _masked_qkv()
             local = slice(8 * rank, 8 * rank + 8)
-            mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)  # over the gathered keys
-            mask[..., 13:] = False
-            with fc.ENGINE.record_calls() as calls:
+            with fc.ENGINE.record_calls() as calls:  # the mask over the gathered keys
                 res["masked_cp"] = fc.fp8dit_attention(q[:, local], k[:, local], v[:, local],
-                                                       attn_mask=mask, _cp_config=cp._cp_config)
+                                                       attn_mask=_key_padding_mask(),
+                                                       _cp_config=cp._cp_config)
             res["masked_cp_calls"] = list(calls)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -197,3 +211,13 @@ def test_cache_dit_mask_under_context_parallelism_runs_native(ranks):
         assert r["masked_cp_calls"] == []  # cache-dit's native backend, not fp8dit
         ref = attention_ref(q[:, 8 * rank:8 * rank + 8], k[:, :13], v[:, :13])
         assert error_stats(r["masked_cp"], ref).cos > 0.9999
+
+
+def test_cache_dit_key_padding_mask_in_one_process_runs_fp8dit(ranks):
+    q, k, v = _masked_qkv()
+    ref = attention_ref(q, k[:, :13], v[:, :13])
+    for r in ranks:
+        assert [(c["backend"], c["reason"]) for c in r["masked_one_calls"]] == [
+            ("fp8", "key-padding mask: FP8 over the kept keys")], r["masked_one_calls"]
+        stats = error_stats(r["masked_one"], ref)
+        assert not stats.nan and stats.cos > 0.999, stats

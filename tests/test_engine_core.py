@@ -39,21 +39,61 @@ def test_layouts_scale_and_lse_layouts(layout, lse_layout):
     assert (lse.double() - ref_lse).abs().max() < 0.03
 
 
-def test_mask_and_dropout_fall_back_to_sdpa_logged_once(caplog):
+@pytest.mark.parametrize("layout,lse_layout", [("NHD", "BHS"), ("HND", "BSH")])
+def test_key_padding_mask_runs_fp8_over_the_kept_keys(layout, lse_layout):
+    """SDPA's boolean [B, 1, 1, Sk] key mask keeping a prefix per sequence: FP8 over the kept
+    keys, against fp64 over those keys (lengths 30 and 40 of 40: one sequence unpadded)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, n, 2, 64, generator=g).bfloat16() for n in (50, 40, 40))
+    keep = torch.ones(2, 1, 1, 40, dtype=torch.bool)
+    keep[0, ..., 30:] = False
+    engine = Engine("test")
+    args = (q, k, v) if layout == "NHD" else tuple(t.transpose(1, 2) for t in (q, k, v))
+    with engine.record_calls() as calls:
+        out, lse = attend(engine, *args, layout=layout, attn_mask=keep, return_lse=True,
+                          lse_layout=lse_layout)
+    assert [(c["backend"], c["reason"]) for c in calls] == [
+        ("fp8", "key-padding mask: FP8 over the kept keys")], calls
+    if layout == "HND":
+        out = out.transpose(1, 2)
+    if lse_layout == "BSH":
+        lse = lse.transpose(1, 2)
+    for b, n in enumerate((30, 40)):
+        ref, ref_lse = attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n],
+                                     return_lse=True)
+        stats = error_stats(out[b:b + 1], ref)
+        assert not stats.nan and stats.cos > 0.999, (b, stats)
+        assert (lse[b:b + 1].double() - ref_lse).abs().max() < 0.03
+
+
+def test_other_masks_and_dropout_fall_back_to_sdpa_logged_once(caplog):
     q, k, v = _qkv(sk=40)
     engine = Engine("test")
-    keep = torch.ones(1, 1, 1, 40, dtype=torch.bool)
-    keep[..., 30:] = False
+    holes = torch.ones(1, 1, 1, 40, dtype=torch.bool)
+    holes[..., 10:20] = False  # no prefix: read from its values, SDPA with the mask
+    per_query = torch.ones(1, 1, 70, 40, dtype=torch.bool)
+    per_query[..., 30:] = False  # not key padding by its shape
+    additive = torch.zeros(1, 1, 1, 40)
+    additive[..., 30:] = -math.inf
+    two_d = torch.ones(70, 40, dtype=torch.bool)  # SDPA's [Sq, Sk], not diffusers' [B, Sk]
+    two_d[:, 30:] = False
     with caplog.at_level(logging.WARNING, logger="fp8dit"), engine.record_calls() as calls:
-        out, lse = attend(engine, q, k, v, attn_mask=keep, return_lse=True)
-        attend(engine, q, k, v, attn_mask=keep)
-    ref, ref_lse = attention_ref(q, k[:, :30], v[:, :30], return_lse=True)
-    assert [c["backend"] for c in calls] == ["sdpa", "sdpa"]
-    assert "attention mask" in calls[0]["reason"]
-    assert error_stats(out, ref).cos > 0.9999
-    assert (lse.double() - ref_lse).abs().max() < 1e-3
+        out_holes, lse_holes = attend(engine, q, k, v, attn_mask=holes, return_lse=True)
+        outs = [attend(engine, q, k, v, attn_mask=m) for m in (per_query, additive, two_d)]
+        attend(engine, q, k, v, attn_mask=per_query)
+    kept = torch.cat([torch.arange(10), torch.arange(20, 40)])
+    ref, ref_lse = attention_ref(q, k[:, kept], v[:, kept], return_lse=True)
+    assert [c["backend"] for c in calls] == ["sdpa"] * 5, calls
+    assert "not a prefix" in calls[0]["reason"] and "no key-padding mask" in calls[1]["reason"]
+    assert "dtype torch.float32" in calls[2]["reason"]
+    assert error_stats(out_holes, ref).cos > 0.9999
+    assert (lse_holes.double() - ref_lse).abs().max() < 1e-3
+    ref30 = attention_ref(q, k[:, :30], v[:, :30])
+    assert all(error_stats(o, ref30).cos > 0.9999 for o in outs)
+    # the engine's lines, one per reason: per-query (called twice), float, 2-D. (The holes are
+    # found in the mask's values by fp8dit.key_padding, which logs that once per process.)
     lines = [r.getMessage() for r in caplog.records if "test backend" in r.getMessage()]
-    assert len(lines) == 1 and "torch SDPA instead of FP8" in lines[0], lines
+    assert len(lines) == 3 and all("torch SDPA instead of FP8" in m for m in lines), lines
     with pytest.raises(NotImplementedError, match="dropout"):
         attend(engine, q, k, v, dropout_p=0.1, return_lse=True)
     torch.manual_seed(0)

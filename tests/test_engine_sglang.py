@@ -10,7 +10,8 @@ and saves what it saw; the tests below judge it. On each rank, through SGLang's 
 * ``USPAttention`` forwards under Ulysses (all-to-all over heads) and under ring attention
   (torch's templated ring, merged by fp8dit's LSE), against the same backend in one process and
   against fp64; a packed varlen call (``forward_varlen``) and SGLang's varlen ring
-  (``forward_ring_kv_chunk``); a key-masked call, which falls back to torch SDPA;
+  (``forward_ring_kv_chunk``); a key-masked call, which SGLang serves itself (its SDPA), and
+  its additive mask given to fp8dit's core, which falls back to torch SDPA;
 * ``--backend diffusers`` with ``fp8dit``: SGLang's diffusers pipeline method routes a tiny
   diffusers Wan transformer through fp8dit's diffusers adapter.
 
@@ -144,7 +145,10 @@ def _rank(rank, port):
 
 def _one_process_paths():
     """Varlen, masked fallback and --backend diffusers, on rank 0 (no parallelism)."""
-    from sglang.multimodal_gen.runtime.layers.attention.layer import USPAttention
+    from sglang.multimodal_gen.runtime.layers.attention.layer import (
+        USPAttention,
+        prepare_sdpa_mask,
+    )
     from sglang.multimodal_gen.runtime.managers.forward_context import set_forward_context
 
     from fp8dit.integrations import sglang as fs
@@ -161,8 +165,10 @@ def _one_process_paths():
         # a mask SGLang serves itself (its own SDPA): fp8dit is not called
         res["masked"] = layer(q, k, v, attn_mask=mask)
         res["masked_calls"] = len(calls) - len(res["varlen_calls"])
-        # an attention mask given to the backend: torch SDPA, reason logged once
-        res["impl_masked"] = fs.attend(fs.ENGINE, q, k, v, attn_mask=mask[:, None, None, :])
+        # the mask as SGLang prepares it for SDPA (additive, [B, 1, 1, S]) given to the
+        # backend's core: no boolean key padding, so torch SDPA, reason logged once
+        additive = prepare_sdpa_mask(mask, dtype=q.dtype, device=q.device)
+        res["impl_masked"] = fs.attend(fs.ENGINE, q, k, v, attn_mask=additive)
         res["impl_masked_call"] = calls[-1]
     res["diffusers"] = _diffusers_backend()
     return res
@@ -274,7 +280,8 @@ def test_sglang_varlen_and_fallbacks(ranks):
     assert not stats.nan and stats.cos > 0.999, stats
     assert r["masked_calls"] == 0  # SGLang's own masked path
     call = r["impl_masked_call"]
-    assert call["backend"] == "sdpa" and "attention mask" in call["reason"], call
+    assert call["backend"] == "sdpa" and "attention mask" in call["reason"] \
+        and "dtype torch.bfloat16" in call["reason"], call
     masked_ref = attention_ref(q, k[:, :-9], v[:, :-9]).float()
     assert torch.allclose(r["impl_masked"].float(), masked_ref, atol=2e-2)
     assert torch.allclose(r["masked"].float(), masked_ref, atol=2e-2)

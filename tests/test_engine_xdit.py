@@ -6,7 +6,9 @@ then xDiT's CLI arguments (``--attention_backend fp8dit`` with ``--ulysses_degre
 the name), and its ``USP`` attention: Ulysses (all-to-all over heads) and ring (torch's
 templated ring, merged by the LSE fp8dit returns), against the same backend in one process and
 against fp64. A per-step hybrid schedule (``AttentionSchedule`` ``fp8dit,sdpa,fp8dit``) switches
-backends step by step under Ulysses.
+backends step by step under Ulysses. Masks in ``attention_kwargs`` under Ulysses: key padding
+runs FP8 over the kept keys (against the one-process call on those keys and fp64), holes
+torch SDPA.
 
 xfuser 0.7.0 does not run on a CPU-only torch as released; two shims (``_cpu_shims``), each
 named with its reason, make its parallel attention run here. Nothing on the attention path is
@@ -23,10 +25,12 @@ if importlib.util.find_spec("xfuser") is None:
 
 from engines import ranks as engine_ranks  # noqa: E402
 
+import fp8dit  # noqa: E402
 from fp8dit.testing import attention_ref, error_stats  # noqa: E402
 
 HEADS, D = 4, 64
 TOKENS = 2 * 67
+KEPT = 120  # keys a key-padding mask keeps
 # Measured on the interpreter (int8qk-fp8pv), as for SGLang: Ulysses within cos 0.99999 of the
 # one-process call, ring cos ~0.999 (each key chunk quantized on its own); against fp64 both
 # within 1.0x of the one-process call's rel-L1. A wrong LSE merge moves that ratio far up.
@@ -38,6 +42,15 @@ def _qkv(seed=21):
     g = torch.Generator().manual_seed(seed)
     return tuple((torch.randn(1, HEADS, TOKENS, D, generator=g) * s).bfloat16()
                  for s in (1.4, 1.4, 1.0))  # xDiT's [B, H, S, D]
+
+
+def _masks():
+    """SDPA's boolean [B, 1, 1, Sk] masks: key padding (the first KEPT keys), and holes."""
+    padding = torch.ones(1, 1, 1, TOKENS, dtype=torch.bool)
+    padding[..., KEPT:] = False
+    holes = torch.ones(1, 1, 1, TOKENS, dtype=torch.bool)
+    holes[..., 10:20] = False
+    return padding, holes
 
 
 def _cpu_shims():
@@ -159,6 +172,11 @@ def _rank(rank, port):
                     step_out = usp.USP(ql, kl, vl)
                 steps.append((state.attention_backend.name, len(calls), step_out))
             res["hybrid"] = steps
+            # masks in attention_kwargs, over the gathered keys (Ulysses: all keys per call)
+            with fx.ENGINE.record_calls() as calls, torch.no_grad():
+                res["masked"] = [usp.USP(ql, kl, vl, attention_kwargs={"attn_mask": m})
+                                 for m in _masks()]
+            res["masked_calls"] = list(calls)
         torch.distributed.barrier()
         destroy_model_parallel()
     return res
@@ -205,3 +223,30 @@ def test_xdit_hybrid_schedule_switches_per_step(ranks):
         assert [(name, n) for name, n, _ in steps] == [("FP8DIT", 1), ("SDPA", 0), ("FP8DIT", 1)]
         assert torch.equal(steps[0][2], r["ulysses"]["out"])
         assert error_stats(steps[1][2], steps[0][2]).cos > 0.999  # SDPA: the same attention
+
+
+def test_xdit_masks_under_ulysses(ranks):
+    """``attention_kwargs["attn_mask"]`` through xDiT's USP (Ulysses): a key-padding mask runs
+    FP8 over the kept keys (against the one-process call on those keys and fp64); a mask with
+    holes runs torch SDPA with it."""
+    q, k, v = _qkv()
+    kept = torch.cat([torch.arange(10), torch.arange(20, TOKENS)])
+    ref = attention_ref(q, k[:, :, :KEPT], v[:, :, :KEPT], layout="HND")
+    one = fp8dit.attention(q, k[:, :, :KEPT], v[:, :, :KEPT], layout="HND")
+    ref_holes = attention_ref(q, k[:, :, kept], v[:, :, kept], layout="HND")
+    for rank, r in enumerate(ranks):
+        assert [(c["backend"], c["reason"], c["k"]) for c in r["masked_calls"]] == [
+            ("fp8", "key-padding mask: FP8 over the kept keys", (1, HEADS // 2, TOKENS, D)),
+            ("sdpa", "fallback: attn_mask keeps keys that are not a prefix (the padding must "
+             "come last)", (1, HEADS // 2, TOKENS, D))], r["masked_calls"]
+        local = slice(rank * TOKENS // 2, (rank + 1) * TOKENS // 2)
+        got, holes = r["masked"]
+        vs_one, vs_ref, one_vs_ref = (error_stats(got, one[:, :, local]),
+                                      error_stats(got, ref[:, :, local]),
+                                      error_stats(one[:, :, local], ref[:, :, local]))
+        ratio = vs_ref.rel_l1 / max(one_vs_ref.rel_l1, 1e-12)
+        print(f"key padding rank {rank}: vs one process {vs_one}; vs fp64 {vs_ref} "
+              f"(x{ratio:.2f})")
+        assert not vs_one.nan and vs_one.cos >= COS_VS_ONE_PROCESS, vs_one
+        assert ratio <= ERROR_RATIO_VS_FP64, (vs_ref, one_vs_ref)
+        assert error_stats(holes, ref_holes[:, :, local]).cos > 0.9999

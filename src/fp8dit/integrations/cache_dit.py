@@ -14,10 +14,11 @@ cache-dit resolves ``"fp8dit"`` in its own registry and sets it on the diffusers
 call :func:`fp8dit_attention` through cache-dit's dispatcher, which runs it under cache-dit's own
 Ulysses and ring attention (``forward_op``: fp8dit with the LSE ``[B, S, H]`` the ring merges).
 
-Per call :func:`fp8dit.attention` on ``[B, S, H, D]``; an attention mask or a dropout runs torch
-SDPA (reason logged once): in one process through :mod:`.engine_core`, under context
-parallelism through cache-dit's ``native`` backend (cache-dit takes masks under context
-parallelism only from its own forward ops).
+Per call :func:`fp8dit.attention` on ``[B, S, H, D]``. In one process a boolean key-padding
+mask (``[B or 1, 1, 1, Sk]``, a prefix of keys kept) runs FP8 over the kept keys, any other mask
+or a dropout torch SDPA (:mod:`.engine_core`, reason logged once); under context parallelism
+any mask runs cache-dit's ``native`` backend (cache-dit admits masks there only into its own
+forward ops), reason logged once.
 
 cache-dit has no public way to add a backend name: :func:`register` adds a member to its
 ``_AttnBackend`` enum and registers with ``_AttnBackendRegistry.register`` (without bridging

@@ -14,11 +14,15 @@ cache-dit      ``[B, S, H, D]``   ``[B, S, H]``         top-left
 =============  =================  ===================  ==========================================
 
 A call runs :func:`fp8dit.attention` (``backend="auto"``): the FP8 kernels where they can run,
-torch SDPA where they cannot, with the reason logged once by fp8dit's dispatcher. What the FP8
-kernels do not take at all goes to torch SDPA here, with the reason logged once per engine
-(logger ``"fp8dit"``): an attention mask, a non-zero dropout, a causal call with ``Sq != Sk``.
-With ``return_lse`` the SDPA fallback computes the LSE in fp32 as well (except with dropout,
-which has no LSE to give: that raises).
+torch SDPA where they cannot, with the reason logged once by fp8dit's dispatcher. An attention
+mask that is key padding in SDPA's convention (boolean ``[B or 1, 1, 1, Sk]``, each row keeping
+a non-empty prefix of the keys) runs FP8 over the kept keys (:mod:`fp8dit.key_padding`: the
+padded keys are never read; the same attention as SDPA with that mask). What the FP8 kernels do
+not take at all goes to torch SDPA here, with the reason logged once per engine (logger
+``"fp8dit"``): any other mask (float, per query or per head, holes, a sequence with no key
+kept, a masked causal call), a non-zero dropout, a causal call with ``Sq != Sk`` under an
+engine that aligns it bottom-right. With ``return_lse`` the SDPA fallback computes the LSE in
+fp32 as well (except with dropout, which has no LSE to give: that raises).
 
 The kernels are forward-only: inputs that require grad run SDPA (fp8dit's dispatcher says so).
 """
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 
 from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, attention_varlen, check_recipe, select_backend
+from ..key_padding import key_padding_attention, key_padding_reason
 from ..sdpa import sdpa_attention
 
 LAYOUTS = ("NHD", "HND")
@@ -109,11 +114,57 @@ def _causal_mask(sq: int, sk: int, alignment: str, device) -> torch.Tensor:
     return torch.ones(sq, sk, dtype=torch.bool, device=device).tril(diagonal=diagonal)
 
 
-def _fallback_reason(q, k, layout, is_causal, attn_mask, dropout_p, engine) -> str | None:
+def _nhd(layout, *tensors):
+    return tuple(t if layout == "NHD" else t.transpose(1, 2) for t in tensors)
+
+
+def _key_padding_reason(q, k, v, layout, attn_mask) -> str | None:
+    """Why a masked call cannot run FP8 over its kept keys (None: it can; whether the kept keys
+    are a prefix is read from the mask's values in :func:`key_padding_attention`)."""
+    q, k, v = _nhd(layout, q, k, v)
+    B, Sk = q.shape[0], k.shape[1]
+    shape = tuple(attn_mask.shape)
+    # SDPA's convention only: a 2-D mask is [Sq, Sk] there, not diffusers' [B, Sk].
+    if not (len(shape) == 4 and shape[1:] == (1, 1, Sk) and shape[0] in (1, B)):
+        return (f"attn_mask of shape {shape} is no key-padding mask ([B or 1, 1, 1, Sk] with "
+                f"B = {B}, Sk = {Sk})")
+    why = key_padding_reason(attn_mask, B, Sk)
+    if why is not None:
+        return why
+    name, why = select_backend(q, k, v, layout="NHD")
+    return None if name == "fp8" else why
+
+
+def _key_padding(engine, q, k, v, layout, scale, return_lse, lse_layout, attn_mask):
+    """A key-padding-masked call: FP8 over each sequence's kept prefix of keys, or SDPA with
+    the mask when its values are no prefix (:func:`key_padding_attention` says why, once)."""
+    qn, kn, vn = _nhd(layout, q, k, v)
+    recipe = check_recipe(engine.recipe)
+    scale = _check_scale(scale, q.shape[-1])
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.fp8dit.attention_fp8_key_padding(qn, kn, vn, attn_mask, scale,
+                                                              recipe.name, return_lse)
+        reason = None  # decided inside the op; a fallback there is logged there
+    else:
+        out, lse, reason = key_padding_attention(qn, kn, vn, attn_mask, scale=scale,
+                                                 recipe=recipe, return_lse=return_lse)
+    out = out if layout == "NHD" else out.transpose(1, 2)
+    lse = _lse_out(lse, lse_layout) if return_lse else None
+    if engine.records is not None:
+        engine._record("sdpa" if reason else "fp8",
+                       "fallback: " + reason if reason
+                       else "key-padding mask: FP8 over the kept keys", q, k, lse)
+    return (out, lse) if return_lse else out
+
+
+def _fallback_reason(q, k, layout, is_causal, attn_mask, dropout_p, engine,
+                     mask_why=None) -> str | None:
     if dropout_p:
         return f"dropout_p={dropout_p} (the FP8 kernels are inference-only)"
+    if attn_mask is not None and is_causal:
+        return "an attention mask with is_causal=True (the FP8 kernels take key padding only)"
     if attn_mask is not None:
-        return "an attention mask is set (the FP8 kernels take none)"
+        return f"an attention mask is set and FP8 cannot serve it: {mask_why}"
     sq, sk = (q.shape[1], k.shape[1]) if layout == "NHD" else (q.shape[2], k.shape[2])
     if is_causal and sq != sk and engine.causal_alignment == "bottom-right":
         return (f"causal with {sq} queries and {sk} keys: {engine.name} aligns the mask "
@@ -134,8 +185,11 @@ def attend(engine: Engine, q, k, v, *, layout: str = "NHD", scale=None, is_causa
     return_lse : bool
         Also return the log-sum-exp (natural log, float32) in ``lse_layout``: ``"BHS"``
         (``[B, H, Sq]``) or ``"BSH"`` (``[B, Sq, H]``).
-    attn_mask, dropout_p
-        Either one set runs torch SDPA (reason logged once): SDPA's mask convention.
+    attn_mask : Tensor, optional
+        SDPA's convention. Boolean ``[B or 1, 1, 1, Sk]`` keeping a non-empty prefix of keys per
+        sequence: FP8 over the kept keys; any other mask: torch SDPA (reason logged once).
+    dropout_p : float
+        Non-zero: torch SDPA (reason logged once).
 
     Returns
     -------
@@ -149,7 +203,13 @@ def attend(engine: Engine, q, k, v, *, layout: str = "NHD", scale=None, is_causa
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     q, k, v = wait_collectives(q, k, v)
-    why = _fallback_reason(q, k, layout, is_causal, attn_mask, dropout_p, engine)
+    mask_why = None
+    if attn_mask is not None and not dropout_p and not is_causal:
+        mask_why = _key_padding_reason(q, k, v, layout, attn_mask)
+        if mask_why is None:
+            return _key_padding(engine, q, k, v, layout, scale, return_lse, lse_layout,
+                                attn_mask)
+    why = _fallback_reason(q, k, layout, is_causal, attn_mask, dropout_p, engine, mask_why)
     if why is not None:
         return _sdpa_fallback(engine, why, q, k, v, layout, scale, is_causal, return_lse,
                               lse_layout, attn_mask, dropout_p)

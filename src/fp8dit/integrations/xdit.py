@@ -13,9 +13,10 @@ attention (torch's templated ring, merged with the LSE fp8dit returns whenever t
 than one rank).
 
 Per call: :func:`fp8dit.attention` on xDiT's ``[B, H, S, D]`` with xDiT's scale ``D**-0.5``;
-``attention_kwargs["attn_mask"]`` or a dropout runs torch SDPA (reason logged once), and keys
-packed by a mask (``attention_kwargs["indices_k"]``, xDiT's varlen convention) run
-:func:`fp8dit.attention_varlen`.
+keys packed by a mask (``attention_kwargs["indices_k"]``, xDiT's varlen convention) run
+:func:`fp8dit.attention_varlen`; ``attention_kwargs["attn_mask"]`` that is boolean key padding
+(``[B or 1, 1, 1, Sk]``, a prefix of keys kept) runs FP8 over the kept keys
+(:mod:`.engine_core`); any other mask or a dropout runs torch SDPA (reason logged once).
 
 xDiT has no public way to add a backend name: :func:`register` adds a member to its
 ``AttentionBackendType`` enum and an entry to ``ATTENTION_FUNCTION_REGISTRY`` (what its
@@ -99,8 +100,9 @@ def fp8dit_attention(query, key, value, dropout_p, is_causal, attention_kwargs=N
     ----------
     query : Tensor ``[B, H, Sq, D]``; key, value : Tensor ``[B, Hkv, Sk, D]`` (xDiT's layout)
     attention_kwargs : dict, optional
-        ``attn_mask`` (SDPA's convention): torch SDPA. ``indices_k``, ``cu_seqlens_k``,
-        ``max_seqlen_k`` (keys packed by a padding mask): :func:`fp8dit.attention_varlen`.
+        ``attn_mask`` (SDPA's convention): FP8 over the kept keys when it is boolean key
+        padding, else torch SDPA. ``indices_k``, ``cu_seqlens_k``, ``max_seqlen_k`` (keys packed
+        by a padding mask): :func:`fp8dit.attention_varlen`.
 
     Returns
     -------
