@@ -80,15 +80,18 @@ class Table(Mapping):
 
 @dataclass(frozen=True)
 class TritonTiles:
-    """Launch shape of the Triton attention kernel (``kernels/attention.py``)."""
+    """Launch shape of the Triton attention kernel (``kernels/attention.py``). On AMD GPUs
+    (``Tuning.hip_tiles``) ``num_warps`` counts 64-wide wavefronts and ``programs_per_sm``
+    programs per CU."""
 
     block_m: int  # query rows per tile
     block_n: int  # keys per kv step
     num_warps: int
     num_stages: int  # depth of the pipelined K/V loads
-    programs_per_sm: int  # persistent programs per SM
-    maxnreg: int | None  # registers per thread at most (None: as ptxas likes)
+    programs_per_sm: int  # persistent programs per SM (per CU on AMD)
+    maxnreg: int | None  # registers per thread at most (None: as ptxas likes; NVIDIA only)
     measured: str
+    waves_per_eu: int | None = None  # AMD only: the occupancy the HIP compiler aims at
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,8 @@ class VerifiedRelease:
 @dataclass(frozen=True)
 class Tuning:
     tiles: Mapping[int, TritonTiles]  # one-term recipes, by padded head dim
+    # AMD GPUs (fp8dit.device): by architecture, then padded head dim, every recipe
+    hip_tiles: Mapping[str, Mapping[int, TritonTiles]]
     two_term_tiles: Mapping[int, TritonTiles]  # recipes with qk_terms=2, where they differ
     gluon_tiles: Mapping[int, GluonTiles]  # non-causal calls, by padded head dim
     gluon_causal_tiles: Mapping[int, GluonTiles]  # causal calls (FP8DIT_KERNEL=gluon-ws)
@@ -177,6 +182,18 @@ _TWO_TERM = ("sm_90 SASS (triton 3.9), 2026-12-02: the one-term tiles spilled in
 _CAUSAL = ("sm_90 SASS (triton 3.6), 2026-12-03: the 256-key step's masked loop spills ~40 "
            "registers at D=128, the 128-key loop none; three slots are 96 KB of K/V at D=128")
 
+# AMD Instinct: compiled, not run (docs/amd.md). The starting point is AMD's own int8-QK / fp8-PV
+# Triton attention (ROCm/aiter, aiter/ops/triton/attention/fav3_sage.py, get_sage_fwd_configs):
+# 256 x 128 tiles, 8 wavefronts, waves_per_eu=2, 3 stages on gfx950 and 2 on gfx942; one
+# persistent program per CU.
+_HIP = ("compiled for %s with triton 3.8.0 on 2026-12-05 (tests/test_hip_compile.py): "
+        "native MFMA for both dots; not run on hardware")
+_HIP_64 = _HIP + "; aiter's 256 x 128 tiles: no spills in the kv loops"
+_HIP_128 = _HIP + ("; 256 x 64 tiles: no spills in the unmasked kv loop, where 128-key blocks "
+                   "spilled (gfx942: 19 spill instructions per step)")
+_HIP_256 = _HIP + ("; 64 x 64 tiles with 4 wavefronts as on NVIDIA (auto runs SDPA at this "
+                   "head dim): 128 x 64 spilled ~150 instructions per step on gfx942")
+
 DEFAULT = Tuning(
     tiles=Table({
         64: TritonTiles(64, 128, 4, 2, 3, 168,
@@ -188,6 +205,18 @@ DEFAULT = Tuning(
         256: TritonTiles(64, 64, 4, 2, 2, None,
                          "H200, 2026-12-02: 64x64 tiles, 4 warps: 412 TFLOPS against 299-405 "
                          "for 8 warps or 128-wide tiles"),
+    }),
+    hip_tiles=Table({
+        "gfx942": Table({
+            64: TritonTiles(256, 128, 8, 2, 1, None, _HIP_64 % "gfx942", waves_per_eu=2),
+            128: TritonTiles(256, 64, 8, 2, 1, None, _HIP_128 % "gfx942", waves_per_eu=2),
+            256: TritonTiles(64, 64, 4, 2, 1, None, _HIP_256 % "gfx942", waves_per_eu=2),
+        }),
+        "gfx950": Table({
+            64: TritonTiles(256, 128, 8, 3, 1, None, _HIP_64 % "gfx950", waves_per_eu=2),
+            128: TritonTiles(256, 64, 8, 3, 1, None, _HIP_128 % "gfx950", waves_per_eu=2),
+            256: TritonTiles(64, 64, 4, 3, 1, None, _HIP_256 % "gfx950", waves_per_eu=2),
+        }),
     }),
     two_term_tiles=Table({
         64: TritonTiles(64, 64, 4, 3, 2, None, _TWO_TERM),
