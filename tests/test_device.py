@@ -121,7 +121,7 @@ def test_nvidia_only_kernels_are_never_chosen_on_rocm(rocm, monkeypatch):
         assert launch.num_programs == 304 * tiles.programs_per_sm
         assert plan.key.block_m == tiles.block_m
     x = SimpleNamespace(device=GPU, shape=(1, 2, 8, 64))
-    with pytest.raises(CudnnFp8Unavailable, match="NVIDIA GPU"):
+    with pytest.raises(CudnnFp8Unavailable, match="NVIDIA CUDA GPU"):
         CudnnFp8Attention(x, x, x)
 
 

@@ -189,7 +189,7 @@ _CAUSAL = ("sm_90 SASS (triton 3.6), 2026-12-03: the 256-key step's masked loop 
 # it at most 256 VGPRs there). Instructions are per wavefront and kv step, spills are spill
 # instructions per step.
 _HIP = ("compiled for %s with triton 3.8.0 on 2026-12-05 (tests/test_hip_compile.py): native "
-        "MFMA for both dots; not run on hardware; ")
+        "MFMA for both dots; not yet executed on the hardware; ")
 _HIP_TILES = {
     ("gfx942", 64): "aiter's 256 x 128 tiles: no spills in the kv loops (1,175 instructions)",
     ("gfx942", 128): "256 x 64: no spills in the unmasked kv loop (1,212 instructions), where "
