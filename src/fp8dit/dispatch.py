@@ -5,7 +5,9 @@ when it cannot (FlashInfer's ``backend_requirement`` idea). ``auto`` takes FP8 w
 run and measured faster than SDPA (``tuning.crossovers``), logging once why it did not; a
 backend asked for by name raises :class:`BackendUnavailableError` with the reason instead. The
 FP8 path's kernel (:func:`choose_kernel`) is decided here too, from the same table, and the
-plan and the launch take it.
+plan and the launch take it. Which GPUs can run the FP8 path at all is :mod:`fp8dit.device`'s
+answer (NVIDIA sm_89 and newer, AMD gfx942 and gfx950); the Gluon kernel runs on NVIDIA sm_90
+only, never on ROCm, whose GPUs read capabilities like 9.0 too.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import device as targets
 from . import env, tuning
+from .device import fp8_unsupported_reason as device_fp8_unsupported_reason
+from .device import is_hip, target_of
 from .plan import MAX_HEAD_DIM, padded_head_dim
 from .recipes import Recipe, get_recipe
 
@@ -74,7 +77,7 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if _TRITON_ERROR:
         return _TRITON_ERROR
     # NVIDIA sm_89 and newer, AMD gfx942 and gfx950 (fp8dit.device)
-    why = targets.fp8_unsupported_reason(q.device, _device_capability)
+    why = device_fp8_unsupported_reason(q.device, _device_capability)
     if why is not None:
         return why
     if q.dtype not in FP8_INPUT_DTYPES:
@@ -112,9 +115,9 @@ def _gluon_ws_unfit(dp: int, recipe: Recipe, device: torch.device) -> str | None
     """Why the warp-specialized Gluon kernel cannot run a call (None: it can)."""
     if device.type != "cuda" or env.triton_interpret():
         return "the Gluon kernel needs a GPU (Triton's interpreter cannot run it)"
-    if targets.is_hip():  # an AMD GPU, whatever its capability reads (gfx90a: 9.0)
+    if is_hip():  # an AMD GPU, whatever its capability reads (gfx90a: 9.0)
         return (f"the Gluon kernel is written for NVIDIA sm_90, this GPU is AMD "
-                f"{targets.target_of(device).arch}")
+                f"{target_of(device).arch}")
     cap = _device_capability(device)
     if cap != (9, 0):
         return f"the Gluon kernel is written for sm_90, this GPU is sm_{cap[0]}{cap[1]}"
@@ -173,7 +176,7 @@ def fp8_not_preferred_reason(q, kernel: str, tokens: float) -> str | None:
     cross = tuning.current().crossovers[dp]
     floor = cross.gluon_ws if kernel == "gluon-ws" else cross.triton
     # AMD GPUs take the H200's crossovers until they are measured there (docs/amd.md)
-    amd = " (taken on AMD too, where it is not yet measured)" if targets.is_hip() else ""
+    amd = " (taken on AMD too, where it is not yet measured)" if is_hip() else ""
     if floor is None:
         return (f"head_dim {q.shape[-1]} runs in {dp}-wide tiles, where FP8 measured slower "
                 f"than SDPA cuDNN ({cross.measured}){amd}; backend='fp8' still runs it")

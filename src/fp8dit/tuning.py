@@ -8,6 +8,9 @@ carries the measurement that chose it (``measured``: GPU, date, what was compare
 :mod:`fp8dit.key_padding` (the mask-reading kernels) and :func:`fp8dit.dispatch.choose`
 (which backend and kernel a call runs).
 
+AMD GPUs (``hip_tiles``) have tiles compiled and checked for them, not yet measured: their
+reasons say so (docs/amd.md).
+
 Benchmarks and tests vary it for a block of code, in this thread or task only::
 
     with tuning.override(tiles={128: dict(block_n=64)}):
@@ -266,7 +269,7 @@ DEFAULT = Tuning(
     ),
     quantization=Quantization(
         kv_rows=Table({128: 32, 64: 64}),
-        q_rows=Table({128: 32}),
+        q_rows=Table({128: 32, 256: 64}),
         stats_sub_elems=512,
         stats_sub_elems_interpret=2048,
         stats_warps=4,
@@ -274,7 +277,9 @@ DEFAULT = Tuning(
             "kv_rows": "H200, 2026-12-03: quantize_kv at Wan 720p 0.71 ms with 32 rows against "
                        "0.79 (64) and 1.23 (256); CogVideoX (D=64) 0.103 with 64 against 0.169",
             "q_rows": "H200, 2026-12-03: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; "
-                      "D=64 no faster",
+                      "D=64 no faster; D=256 (a no-op on NVIDIA's 64-row tiles): compiled for "
+                      "gfx942 and gfx950 with triton 3.8.0 on 2026-12-05, AMD's 128-row tiles "
+                      "in one program spilled 24-35 registers, 64 rows none",
             "stats_sub_elems": "H200, 2026-12-03: 4-row sub-tiles at D=128, Wan 720p 0.61 ms "
                                "against 0.68 for 8 rows and 0.86 for 16",
             "stats_sub_elems_interpret": "CPU interpreter, 2026-12-03: every loop step costs "
