@@ -35,13 +35,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from hip_compile import table  # noqa: E402
 from launches import record  # noqa: E402
 
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
+                                reason="records launches in the interpreter")
 _RELEASE = tuple(int(x) for x in triton.__version__.split(".")[:2])
-pytestmark = [
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
-                       reason="records launches in the interpreter"),
-    pytest.mark.skipif(_RELEASE < (3, 8), reason=f"compiling for gfx942/gfx950 needs triton "
-                       f"3.8 or newer, this is {triton.__version__}"),
-]
+needs_hip_compiler = pytest.mark.skipif(
+    _RELEASE < (3, 8),
+    reason=f"compiling for gfx942/gfx950 needs triton 3.8 or newer, this is {triton.__version__}")
 
 ARCHS = ("gfx942", "gfx950")
 ALL = os.environ.get("HIP_COMPILE_ALL", "0") == "1"
@@ -126,6 +125,7 @@ def _hot(r: dict) -> bool:
             and not c["QK_TWO_TERM"])
 
 
+@needs_hip_compiler
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_launch_compiles_on_native_matrix_instructions(compiled, arch):
     res = compiled[arch]

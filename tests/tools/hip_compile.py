@@ -118,6 +118,8 @@ def table(results: list[dict]) -> str:
             variant += " tensor"
         if c.get("IS_CAUSAL"):
             variant += " causal"
+        if r.get("out") == "*fp16":
+            variant += " fp16"
         if c.get("ROPE"):
             variant += f" rope{c['ROPE']}"
         tile = (f"{c['BLOCK_M']}x{c['BLOCK_N']}" if "BLOCK_M" in c and "BLOCK_N" in c
@@ -145,7 +147,7 @@ def main(path: str, arch: str) -> int:
     for rec in launches:
         out = {"name": rec["name"], "arch": arch, "constexprs": rec["constexprs"],
                "num_warps": rec["num_warps"], "num_stages": rec["num_stages"],
-               "waves_per_eu": rec.get("waves_per_eu")}
+               "waves_per_eu": rec.get("waves_per_eu"), "out": rec["signature"].get("out_ptr")}
         try:
             ck = compile_launch(rec, arch)
             out.update(ok=True, shared=ck.metadata.shared, **summary(ck.asm["amdgcn"]))
