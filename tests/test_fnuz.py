@@ -23,6 +23,10 @@ from fp8dit.recipes import RECIPES
 from fp8dit.testing import attention_ref, error_stats, make_qkv
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's fnuz path")
+_RELEASE = tuple(int(x) for x in triton.__version__.split(".")[:2])
+needs_fnuz = pytest.mark.skipif(
+    _RELEASE < (3, 8),
+    reason=f"Triton's interpreter has float8e4b8 (fnuz) from 3.8 on, this is {triton.__version__}")
 
 # test_attention_fp8's cases short enough for the interpreter at 256-row tiles: causal, GQA
 # with forced splits, a padded head dim, one-row queries
@@ -35,11 +39,13 @@ def _gfx942():
         yield
 
 
+@needs_fnuz
 @pytest.mark.parametrize("case", CASES, ids=[t8._ids(c) for c in CASES])
 def test_fp8_matches_fp64(case, device):
     t8.test_fp8_matches_fp64(case, device)
 
 
+@needs_fnuz
 @pytest.mark.parametrize("name", ["int8qk-fp8pv", "fp8"])
 def test_recipes_track_their_emulation(name, device):
     # fnuz V (the default recipe), fnuz Q, K and V (fp8); the emulation is OCP's: fnuz codes
@@ -48,6 +54,7 @@ def test_recipes_track_their_emulation(name, device):
     t8.test_each_recipe_tracks_its_emulation(name, device)
 
 
+@needs_fnuz
 def test_layouts_lse_nan_and_extremes(device):
     t8.test_layouts_agree("HND", device)
     t8.test_float16_inputs(device)
@@ -58,6 +65,7 @@ def test_layouts_lse_nan_and_extremes(device):
     t8.test_varlen_empty_key_sequence_gives_zeros_and_minus_inf(device)
 
 
+@needs_fnuz
 def test_select_backend_and_fallback_reasons(monkeypatch, caplog):
     test_api.test_select_backend_and_fallback_reasons(monkeypatch, caplog)
 
@@ -71,7 +79,8 @@ def _casts_kernel(x_ptr, round_ptr, sat_ptr, FP8_MAX: tl.constexpr, FP8_FNUZ: tl
     tl.store(sat_ptr + i, to_fp8_e4m3(x, True, FP8_MAX, FP8_FNUZ))
 
 
-@pytest.mark.parametrize("fmt", [device.E4M3FNUZ, device.E4M3FN], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [pytest.param(device.E4M3FNUZ, marks=needs_fnuz), device.E4M3FN],
+                         ids=lambda f: f.name)
 def test_soft_fp8_cast_matches_torch_on_every_bfloat16(fmt):
     """The interpreter's own fp32 -> fp8 casts lose rounding carries and truncate subnormals;
     in fnuz they also turn -0 and small negatives into 0x80 (fnuz's NaN), and in both formats
@@ -104,6 +113,7 @@ def _workspace(arch, recipe, q, k, v):
         return attend.quantize_stage(plan, RECIPES[recipe], 0.125, q, st, k, st, v, st)
 
 
+@needs_fnuz
 @pytest.mark.parametrize("recipe", ["int8qk-fp8pv", "fp8", "per-tensor-fp8", "int8x2qk-fp8pv",
                                     "int8qk-fp8pv-bal"])
 def test_fnuz_codes_are_the_ocp_codes_halved(recipe):
@@ -136,6 +146,7 @@ def test_fnuz_codes_are_the_ocp_codes_halved(recipe):
         same(fz.k8, fn.k8)
 
 
+@needs_fnuz
 def test_fnuz_is_as_accurate_as_ocp():
     """End to end against fp64, gfx942 (fnuz) and gfx950 (OCP, the same tiles) err alike: they
     differ only where P's exponent bias rounds (P_SHIFT 7 against 8, added to the int8 path's

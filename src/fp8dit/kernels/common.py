@@ -46,10 +46,10 @@ def fp8_cast(x, SOFT_FP8_CAST: tl.constexpr, FP8_FNUZ: tl.constexpr = False):
 
     ``SOFT_FP8_CAST`` (the interpreter): rounded first, and NaN given its byte (0x7F or 0xFF,
     0x80 in fnuz) explicitly, the interpreter's cast turning it into a finite one (384 in
-    e4m3fn). So the cast matches torch's on all 65,536 bfloat16 values within range and NaN,
-    in both formats (tests/test_fnuz.py). Compiled, one conversion instruction per one or two
-    values (``cvt.rn.satfinite.e4m3x2.f32`` on sm_90, ``v_cvt_pk_fp8_f32`` on gfx942,
-    ``v_cvt_scalef32_pk_fp8_f32`` on gfx950).
+    e4m3fn), and so is e4m3fn's -0. So the cast matches torch's on all 65,536 bfloat16 values
+    within range and NaN, in both formats (tests/test_fnuz.py). Compiled, one conversion
+    instruction per one or two values (``cvt.rn.satfinite.e4m3x2.f32`` on sm_90,
+    ``v_cvt_pk_fp8_f32`` on gfx942, ``v_cvt_scalef32_pk_fp8_f32`` on gfx950).
     """
     # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
     if FP8_FNUZ:
@@ -60,10 +60,13 @@ def fp8_cast(x, SOFT_FP8_CAST: tl.constexpr, FP8_FNUZ: tl.constexpr = False):
             y = x.to(tl.float8e4b8)
     else:
         if SOFT_FP8_CAST:
-            y = round_to_e4m3_grid(x).to(tl.float8e4nv)
-            # NaN with x's sign, as torch keeps it
-            nan = tl.where(x.to(tl.int32, bitcast=True) < 0, 0xFF, 0x7F).to(tl.uint8)
-            y = tl.where(x == x, y, nan.to(y.dtype, bitcast=True))
+            r = round_to_e4m3_grid(x)
+            y = r.to(tl.float8e4nv)
+            # NaN with x's sign, as torch keeps it, and -0 (triton 3.6's interpreter drops its
+            # sign)
+            neg = x.to(tl.int32, bitcast=True) < 0
+            byte = tl.where(x == x, 0x80, tl.where(neg, 0xFF, 0x7F)).to(tl.uint8)
+            y = tl.where((x == x) & ((r != 0.0) | ~neg), y, byte.to(y.dtype, bitcast=True))
         else:
             y = x.to(tl.float8e4nv)
     return y
