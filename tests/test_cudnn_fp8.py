@@ -68,8 +68,8 @@ def test_cpu_tensors_are_refused_with_the_reason():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_cudnn_fp8_matches_fp64_on_hopper(layout):
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("cuDNN's FP8 attention needs sm_90")
+    if torch.version.hip is not None or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cuDNN's FP8 attention needs an NVIDIA sm_90 or newer")
     try:
         cudnn_fp8.import_cudnn()
     except cudnn_fp8.CudnnFp8Unavailable as e:

@@ -417,7 +417,7 @@ def test_warp_specialized_kernel_over_kept_keys_on_the_gpu():
     out, lse, reason = kp.key_padding_attention(q, kg, vg, mask, scale=D ** -0.5,
                                                 recipe=get_recipe(None), return_lse=True)
     assert reason is None
-    if torch.cuda.get_device_capability() == (9, 0):
+    if torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0):
         assert choose_kernel(D, max(lens), False, get_recipe(None), q.device)[0] == "gluon-ws"
     rows = torch.arange(0, S, 97, device=DEVICE)
     for b, n in enumerate(lens):

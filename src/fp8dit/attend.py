@@ -17,6 +17,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import dispatch, env, tuning
+from .device import Target, target_of
 from .dispatch import BackendUnavailableError
 from .kernels.attention import attention_fwd_persistent_kernel
 from .kernels.quantize import SEQ_FIELDS, SEQ_K_LEN
@@ -55,11 +56,17 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "trito
     """The launch of a padded head dim's calls on ``kernel`` (the plan's block sizes come from
     here): ``tuning.gluon_tiles`` (``gluon_causal_tiles`` for causal calls) for the
     warp-specialized kernel; for the Triton kernel ``tuning.tiles``, or ``two_term_tiles`` for
-    a two-term ``recipe`` where it has them."""
+    a two-term ``recipe`` where it has them; on an AMD GPU (or the interpreter standing in for
+    one, ``fp8dit.device.interpret_as``) its architecture's ``tuning.hip_tiles``, for every
+    recipe."""
     tuned = tuning.current()
+    tgt = target_of(device)
     if kernel == "gluon-ws":
         tiles = (tuned.gluon_causal_tiles if is_causal else tuned.gluon_tiles)[head_dim_padded]
         block_m, per_sm = GLUON_WS_BLOCK_M, GLUON_WS_PROGRAMS_PER_SM
+    elif tgt.hip:
+        tiles = tuned.hip_tiles[tgt.arch][head_dim_padded]
+        block_m, per_sm = tiles.block_m, tiles.programs_per_sm
     else:
         tiles = tuned.tiles[head_dim_padded]
         if recipe is not None and recipe.qk_terms == 2:
@@ -172,6 +179,7 @@ def attention_stage(plan: Plan, launch: LaunchConfig, ws: Workspace,
         _attention_gluon_ws(plan, launch, ws, tabs, out, out_strides, lse, lse_strides)
     elif plan.n_work:
         tiles = launch.tiles
+        tgt = target_of(out.device)
         desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
         desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
         desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
@@ -189,8 +197,9 @@ def attention_stage(plan: Plan, launch: LaunchConfig, ws: Workspace,
             DP=Dp, BLOCK_M=BM, BLOCK_N=BN, IS_CAUSAL=key.is_causal, QK_INT8=ws.qk_int8,
             SOFT_FP8_CAST=env.triton_interpret(), PV_BF16=ws.pv_bf16,
             desc_qlo=desc_qlo, desc_klo=desc_klo, QK_TWO_TERM=two_term,
+            P_SHIFT=tgt.fp8.p_shift, FP8_FNUZ=tgt.fp8.fnuz,
             num_warps=tiles.num_warps, num_stages=_num_stages(tiles, ws),
-            **_register_cap(tiles),
+            **_launch_options(tiles, tgt),
         )
     merge_stage(plan, ws, tabs, out, out_strides, lse, lse_strides)
 
@@ -202,6 +211,15 @@ def _register_cap(tiles: TritonTiles) -> dict:
     if tiles.maxnreg:
         return {"maxnreg": tiles.maxnreg}
     return {}
+
+
+def _launch_options(tiles: TritonTiles, tgt: Target) -> dict:
+    """The launch options of the tiles beyond warps and stages: ``maxnreg`` on NVIDIA (and the
+    interpreter, which ignores it), ``waves_per_eu`` on AMD (HIP has no ``maxnreg``: Triton's
+    HIP launcher rejects it)."""
+    if tgt.hip:
+        return {"waves_per_eu": tiles.waves_per_eu} if tiles.waves_per_eu else {}
+    return _register_cap(tiles)
 
 
 def _num_stages(tiles: TritonTiles, ws: Workspace) -> int:

@@ -108,12 +108,14 @@ MOMENTS_SUB_ELEMS = 2048
 
 
 def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tensor,
-                   rope_args: dict, soft: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   rope_args: dict, soft: bool,
+                   hip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Mq, Mk)`` [B, Hkv, Dp, Dp] float32 of a call (:func:`balance_matrices`): two launches
     of :func:`fp8dit.kernels.balance.channel_moments_kernel` (Q over its heads, K over its kv
     heads), then device-side torch ops; nothing waits for the host, so CUDA graphs capture it.
     Strides are (batch, token, head, dim); ``tabs``: the plan's device tables (a call's copy with
-    shorter key lengths counts those); ``rope_args``: the quantization's rotary arguments."""
+    shorter key lengths counts those); ``rope_args``: the quantization's rotary arguments; ``hip``:
+    an AMD GPU (no inline PTX in the rotary, ``fp8dit.device``)."""
     key = plan.key
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
     Dp, chunk = plan.head_dim_padded, plan.stats_chunk
@@ -128,7 +130,7 @@ def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tens
         channel_moments_kernel[grid](
             x, tabs["seq"], out, *strides, n_chunks, D,
             LEN_COL=cols[0], SRC_COL=cols[1], DP=Dp, CHUNK=chunk, SUB=sub, SOFT_CAST=soft,
-            num_warps=4, **rope_args,
+            HIP=hip, num_warps=4, **rope_args,
         )
         moments.append(out.sum(2))  # [B, heads, 2, Dp], chunks added in order
     g = H // Hkv

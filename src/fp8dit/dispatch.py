@@ -5,7 +5,9 @@ when it cannot (FlashInfer's ``backend_requirement`` idea). ``auto`` takes FP8 w
 run and measured faster than SDPA (``tuning.crossovers``), logging once why it did not; a
 backend asked for by name raises :class:`BackendUnavailableError` with the reason instead. The
 FP8 path's kernel (:func:`choose_kernel`) is decided here too, from the same table, and the
-plan and the launch take it.
+plan and the launch take it. Which GPUs can run the FP8 path at all is :mod:`fp8dit.device`'s
+answer (NVIDIA sm_89 and newer, AMD gfx942 and gfx950); the Gluon kernel runs on NVIDIA sm_90
+only, never on ROCm, whose GPUs read capabilities like 9.0 too.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import NamedTuple
 import torch
 
 from . import env, tuning
+from .device import fp8_unsupported_reason as device_fp8_unsupported_reason
+from .device import is_hip, target_of
 from .plan import MAX_HEAD_DIM, padded_head_dim
 from .recipes import Recipe, get_recipe
 
 logger = logging.getLogger("fp8dit")
 
-# Compute capability with FP8 tensor cores (Ada 8.9, Hopper 9.0 and newer).
-FP8_MIN_CAPABILITY = (8, 9)
 FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -74,19 +76,10 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return "FP8DIT_DISABLE=1 is set"
     if _TRITON_ERROR:
         return _TRITON_ERROR
-    dev = q.device
-    if dev.type == "cuda":
-        cap = _device_capability(dev)
-        if cap < FP8_MIN_CAPABILITY:
-            return (
-                f"GPU compute capability {cap[0]}.{cap[1]} has no FP8 tensor cores "
-                f"(needs {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or newer)"
-            )
-    elif dev.type == "cpu":
-        if not env.triton_interpret():
-            return "CPU tensors need TRITON_INTERPRET=1 to run the Triton kernels (interpreter)"
-    else:
-        return f"device type {dev.type!r} is not supported by the FP8 kernels"
+    # NVIDIA sm_89 and newer, AMD gfx942 and gfx950 (fp8dit.device)
+    why = device_fp8_unsupported_reason(q.device, _device_capability)
+    if why is not None:
+        return why
     if q.dtype not in FP8_INPUT_DTYPES:
         return f"dtype {q.dtype} is not supported (FP8 path takes bfloat16 or float16)"
     D = q.shape[-1]
@@ -122,6 +115,9 @@ def _gluon_ws_unfit(dp: int, recipe: Recipe, device: torch.device) -> str | None
     """Why the warp-specialized Gluon kernel cannot run a call (None: it can)."""
     if device.type != "cuda" or env.triton_interpret():
         return "the Gluon kernel needs a GPU (Triton's interpreter cannot run it)"
+    if is_hip():  # an AMD GPU, whatever its capability reads (gfx90a: 9.0)
+        return (f"the Gluon kernel is written for NVIDIA sm_90, this GPU is AMD "
+                f"{target_of(device).arch}")
     cap = _device_capability(device)
     if cap != (9, 0):
         return f"the Gluon kernel is written for sm_90, this GPU is sm_{cap[0]}{cap[1]}"
@@ -179,13 +175,15 @@ def fp8_not_preferred_reason(q, kernel: str, tokens: float) -> str | None:
     dp = padded_head_dim(q.shape[-1])
     cross = tuning.current().crossovers[dp]
     floor = cross.gluon_ws if kernel == "gluon-ws" else cross.triton
+    # AMD GPUs take the H200's crossovers until they are measured there (docs/amd.md)
+    amd = " (taken on AMD too, where it is not yet measured)" if is_hip() else ""
     if floor is None:
         return (f"head_dim {q.shape[-1]} runs in {dp}-wide tiles, where FP8 measured slower "
-                f"than SDPA cuDNN ({cross.measured}); backend='fp8' still runs it")
+                f"than SDPA cuDNN ({cross.measured}){amd}; backend='fp8' still runs it")
     if tokens < floor:
         return (f"sequence too short for FP8 to pay: {tokens:.0f} effective tokens, under the "
                 f"{floor} where the {kernel} kernel measured faster than SDPA cuDNN on an H200 "
-                f"at head_dim <= {dp}; backend='fp8' still runs it")
+                f"at head_dim <= {dp}{amd}; backend='fp8' still runs it")
     return None
 
 

@@ -8,6 +8,7 @@ into the output and LSE in the caller's layout.
 from __future__ import annotations
 
 from . import env
+from .device import target_of
 from .kernels.merge import merge_partials_kernel
 from .plan import Plan
 from .quantize import Workspace, tile_warps
@@ -24,5 +25,5 @@ def merge_stage(plan: Plan, ws: Workspace, tabs: dict, out, out_strides, lse,
         ws.part_o, ws.part_lse, tabs["reduce"], tabs["seq"],
         out, *out_strides, lse, *lse_strides, ws.q_corr, plan.q_total_padded, key.head_dim,
         DP=Dp, BLOCK_M=BM, SOFT_FP8_CAST=env.triton_interpret(),
-        num_warps=tile_warps(BM, Dp),
+        num_warps=tile_warps(BM, Dp, target_of(out.device).warp_size),
     )

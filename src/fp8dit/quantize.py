@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import env, tuning
+from .device import fp8_format, target_of
 from .kernels.quantize import (
     N_STATS,
     ROPE_FOUR,
@@ -32,7 +33,6 @@ from .plan import Plan
 from .recipes import Recipe
 
 LOG2E = 1.4426950408889634
-FP8 = torch.float8_e4m3fn
 
 
 _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
@@ -79,11 +79,12 @@ class Workspace:
         )
 
 
-def tile_warps(rows: int, cols: int) -> int:
+def tile_warps(rows: int, cols: int, warp_size: int = 32) -> int:
     """Warps for an elementwise kernel holding an fp32 [rows, cols] tile: about 32 values per
     thread. With more, the sm_90 SASS of the quantization and merge kernels spilled registers
-    (tests/test_sm90_compile.py reads it)."""
-    return min(32, max(4, rows * cols // 1024))
+    (tests/test_sm90_compile.py reads it). ``warp_size``: 64 on AMD GPUs (wavefronts), where a
+    program has at most 16 of them."""
+    return min(1024 // warp_size, max(4, rows * cols // (32 * warp_size)))
 
 
 def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
@@ -99,13 +100,19 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     B, H, Hkv, D = len(key.q_lens), key.num_heads, key.num_kv_heads, key.head_dim
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     soft = env.triton_interpret()
+    tgt, fmt = target_of(dev), fp8_format(dev)
+    if recipe.rotate and tgt.lds_bytes and 4 * Dp * Dp > tgt.lds_bytes:
+        raise ValueError(
+            f"recipe {recipe.name!r}: its Hadamard rotation at padded head dim {Dp} holds a "
+            f"{4 * Dp * Dp // 1024} KB fp32 matrix in shared memory, more than {tgt.arch} has "
+            f"({tgt.lds_bytes // 1024} KB); use a recipe without rotation at this head dim")
     qk_int8 = recipe.qk == "int8"
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
     tabs = tabs or plan.tables(dev)
     rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
-    qk_dtype = torch.int8 if qk_int8 else FP8
+    qk_dtype = torch.int8 if qk_int8 else fmt.dtype
     quant = tuning.current().quantization
     # One K scale per kv block, the warp-specialized kernel's 256-key blocks included (H200,
     # 2026-12-03: 836 / 844 TFLOPS at Wan 720p / HunyuanVideo against 802 / 804 with one per
@@ -133,7 +140,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         from .balance import balance_tables
 
         rot_q, rot_k = balance_tables(plan, q, q_strides, k, k_strides, tabs, rot, rope_args,
-                                      soft)
+                                      soft, tgt.hip)
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -141,7 +148,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         k8=torch.empty(Hkv, plan.k_total_padded, Dp, device=dev, dtype=qk_dtype),
         k_scale=torch.empty(Hkv, max(plan.n_kblocks, 1), device=dev, dtype=f32),
         v8t=torch.empty(Hkv, Dp, plan.k_total_padded, device=dev,
-                        dtype=torch.bfloat16 if pv_bf16 else FP8),
+                        dtype=torch.bfloat16 if pv_bf16 else fmt.dtype),
         v_scale=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
         v_mean=torch.empty(B, Hkv, Dp, device=dev, dtype=f32),
         part_o=torch.empty(max(plan.n_partials, 1), BM, Dp, device=dev, dtype=f32),
@@ -170,13 +177,14 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(quant.stats_sub_elems_interpret if soft else quant.stats_sub_elems) // Dp,
             KBLK=BN if kamax_stats else 0,
-            num_warps=quant.stats_warps, SOFT_CAST=soft, **rope_args,
+            num_warps=quant.stats_warps, SOFT_CAST=soft, HIP=tgt.hip, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
             stats, tabs["seq"], k_mean, ws.v_mean, ws.v_scale, amax, plan.n_chunks, D,
             DP=Dp, CHUNK=plan.stats_chunk, ROWS=8, SMOOTH_K=recipe.smooth_k,
             CENTER_V=recipe.center_v,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, num_warps=4,
+            FP8_MAX=fmt.scale_max,
         )
         rows = BN // n_prog
         quantize_kv_kernel[grid(plan.max_k_blocks * n_prog, Hkv)](
@@ -187,7 +195,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
             ROT_PER_HEAD=recipe.balance,
-            num_warps=tile_warps(rows, Dp), **rope_args,
+            num_warps=tile_warps(rows, Dp, tgt.warp_size), HIP=tgt.hip,
+            **fmt.constexprs(), **rope_args,
         )
     if plan.max_q_blocks:
         q_rows = quant.q_rows.get(Dp, BM)
@@ -198,8 +207,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, ROT_PER_HEAD=recipe.balance, num_warps=tile_warps(BM // q_sub, Dp),
-            **rope_args,
+            SUBBLOCKS=q_sub, ROT_PER_HEAD=recipe.balance,
+            num_warps=tile_warps(BM // q_sub, Dp, tgt.warp_size), HIP=tgt.hip,
+            **fmt.constexprs(), **rope_args,
         )
     return ws
 

@@ -8,6 +8,9 @@ carries the measurement that chose it (``measured``: GPU, date, what was compare
 :mod:`fp8dit.key_padding` (the mask-reading kernels) and :func:`fp8dit.dispatch.choose`
 (which backend and kernel a call runs).
 
+AMD GPUs (``hip_tiles``) have tiles compiled and checked for them, not yet measured: their
+reasons say so (docs/amd.md).
+
 Benchmarks and tests vary it for a block of code, in this thread or task only::
 
     with tuning.override(tiles={128: dict(block_n=64)}):
@@ -80,15 +83,18 @@ class Table(Mapping):
 
 @dataclass(frozen=True)
 class TritonTiles:
-    """Launch shape of the Triton attention kernel (``kernels/attention.py``)."""
+    """Launch shape of the Triton attention kernel (``kernels/attention.py``). On AMD GPUs
+    (``Tuning.hip_tiles``) ``num_warps`` counts 64-wide wavefronts and ``programs_per_sm``
+    programs per CU."""
 
     block_m: int  # query rows per tile
     block_n: int  # keys per kv step
     num_warps: int
     num_stages: int  # depth of the pipelined K/V loads
-    programs_per_sm: int  # persistent programs per SM
-    maxnreg: int | None  # registers per thread at most (None: as ptxas likes)
+    programs_per_sm: int  # persistent programs per SM (per CU on AMD)
+    maxnreg: int | None  # registers per thread at most (None: as ptxas likes; NVIDIA only)
     measured: str
+    waves_per_eu: int | None = None  # AMD only: the occupancy the HIP compiler aims at
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,8 @@ class VerifiedRelease:
 @dataclass(frozen=True)
 class Tuning:
     tiles: Mapping[int, TritonTiles]  # one-term recipes, by padded head dim
+    # AMD GPUs (fp8dit.device): by architecture, then padded head dim, every recipe
+    hip_tiles: Mapping[str, Mapping[int, TritonTiles]]
     two_term_tiles: Mapping[int, TritonTiles]  # recipes with qk_terms=2, where they differ
     gluon_tiles: Mapping[int, GluonTiles]  # non-causal calls, by padded head dim
     gluon_causal_tiles: Mapping[int, GluonTiles]  # causal calls (FP8DIT_KERNEL=gluon-ws)
@@ -177,6 +185,36 @@ _TWO_TERM = ("sm_90 SASS (triton 3.9), 2026-12-02: the one-term tiles spilled in
 _CAUSAL = ("sm_90 SASS (triton 3.6), 2026-12-03: the 256-key step's masked loop spills ~40 "
            "registers at D=128, the 128-key loop none; three slots are 96 KB of K/V at D=128")
 
+# AMD Instinct: compiled, not run (docs/amd.md). The starting point is AMD's own int8-QK / fp8-PV
+# Triton attention (ROCm/aiter, aiter/ops/triton/attention/fav3_sage.py, get_sage_fwd_configs):
+# 256 x 128 tiles, 8 wavefronts, waves_per_eu=2, 3 stages on gfx950 and 2 on gfx942; one
+# persistent program per CU. Changed where this kernel's kv loop spilled registers with triton
+# 3.8 or 3.9 (Triton gives it at most 256 VGPRs there). Instructions are per wavefront and kv
+# step, spills are spill instructions per step.
+_HIP = ("compiled for %s with triton 3.8.0 and 3.9.0 on 2026-12-05 (tests/test_hip_compile.py): "
+        "native MFMA for both dots; not yet executed on the hardware; ")
+_HIP_TILES = {
+    ("gfx942", 64): "aiter's 256 x 128 tiles with 3 stages: no spills in the kv loops (1,167 "
+                    "instructions with triton 3.8), where 2 stages spilled 3 per step with 3.9",
+    ("gfx942", 128): "256 x 32: no spills in the kv loops (639 instructions), where 64-key "
+                     "blocks spilled 1 per step with triton 3.9 and 128-key blocks 19 with 3.8",
+    ("gfx942", 256): "128 x 64 with 8 wavefronts: no spills in the kv loops (1,885 "
+                     "instructions with triton 3.8), where 4 wavefronts spilled 153 and 64 x 64 "
+                     "with 4 took 3,062 instructions for half the rows",
+    ("gfx950", 64): "aiter's 256 x 128 tiles: no spills in the unmasked kv loop (881 "
+                    "instructions with triton 3.8)",
+    ("gfx950", 128): "256 x 64: no spills in the unmasked kv loop (788 instructions with triton "
+                     "3.8; 16 in the masked one), where 128-key blocks spilled 9 (69 masked)",
+    ("gfx950", 256): "128 x 64 with 8 wavefronts: 11 spills per step in the kv loop with triton "
+                     "3.8, against 73 for 64 x 64 with 4 and 212 for 128 x 64 with 4",
+}
+
+
+def _hip(arch: str, dp: int, block_m: int, block_n: int, stages: int) -> TritonTiles:
+    return TritonTiles(block_m, block_n, 8, stages, 1, None,
+                       _HIP % arch + _HIP_TILES[arch, dp], waves_per_eu=2)
+
+
 DEFAULT = Tuning(
     tiles=Table({
         64: TritonTiles(64, 128, 4, 2, 3, 168,
@@ -188,6 +226,14 @@ DEFAULT = Tuning(
         256: TritonTiles(64, 64, 4, 2, 2, None,
                          "H200, 2026-12-02: 64x64 tiles, 4 warps: 412 TFLOPS against 299-405 "
                          "for 8 warps or 128-wide tiles"),
+    }),
+    hip_tiles=Table({
+        "gfx942": Table({64: _hip("gfx942", 64, 256, 128, 3),
+                         128: _hip("gfx942", 128, 256, 32, 2),
+                         256: _hip("gfx942", 256, 128, 64, 2)}),
+        "gfx950": Table({64: _hip("gfx950", 64, 256, 128, 3),
+                         128: _hip("gfx950", 128, 256, 64, 3),
+                         256: _hip("gfx950", 256, 128, 64, 3)}),
     }),
     two_term_tiles=Table({
         64: TritonTiles(64, 64, 4, 3, 2, None, _TWO_TERM),
@@ -228,7 +274,7 @@ DEFAULT = Tuning(
     ),
     quantization=Quantization(
         kv_rows=Table({128: 32, 64: 64}),
-        q_rows=Table({128: 32}),
+        q_rows=Table({128: 32, 256: 64}),
         stats_sub_elems=512,
         stats_sub_elems_interpret=2048,
         stats_warps=4,
@@ -236,7 +282,9 @@ DEFAULT = Tuning(
             "kv_rows": "H200, 2026-12-03: quantize_kv at Wan 720p 0.71 ms with 32 rows against "
                        "0.79 (64) and 1.23 (256); CogVideoX (D=64) 0.103 with 64 against 0.169",
             "q_rows": "H200, 2026-12-03: 32 rows at D=128, Wan 720p 0.49 ms against 0.58 for 64; "
-                      "D=64 no faster",
+                      "D=64 no faster; D=256 (a no-op on NVIDIA's 64-row tiles): compiled for "
+                      "gfx942 and gfx950 with triton 3.8.0 on 2026-12-05, AMD's 128-row tiles "
+                      "in one program spilled 24-35 registers, 64 rows none",
             "stats_sub_elems": "H200, 2026-12-03: 4-row sub-tiles at D=128, Wan 720p 0.61 ms "
                                "against 0.68 for 8 rows and 0.86 for 16",
             "stats_sub_elems_interpret": "CPU interpreter, 2026-12-03: every loop step costs "

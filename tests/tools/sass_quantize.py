@@ -38,6 +38,11 @@ OPS = r"\b(LDL|STL|LDG\.E[.\w]*|STG\.E[.\w]*|LDS[.\w]*|STS[.\w]*|BAR[.\w]*|SHFL[
 
 
 def compile_sm90(fn, types, const, warps, div16):
+    # constexprs not named here compile at their defaults (NVIDIA's: FP8_MAX, FP8_FNUZ, HIP);
+    # left out they would become runtime arguments
+    const = {**{n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
+                if "constexpr" in str(p.annotation) and p.default is not inspect.Parameter.empty},
+             **const}
     params = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in const
            else types.get(n, "*fp32" if n.endswith("_ptr") else "i32") for n in params}

@@ -6,7 +6,8 @@ user's dtype and layout, head-dim padding dropped) and the final LSE; a split-KV
 fp32 partial output and its LSE to the plan-sized partial buffers for the reduce kernel.
 
 Q, K and V tiles arrive through tensor descriptors (TMA on Hopper): no per-element address
-registers, asynchronous copies that the compiler pipelines over ``num_stages`` buffers.
+registers, asynchronous copies that the compiler pipelines over ``num_stages`` buffers. (On AMD
+GPUs Triton lowers the host descriptors to ordinary global loads.)
 
 Inner loop per kv block b (scores kept in log2 units, scales folded):
     s = dot(q8, k8^T)                        int8 x int8 -> int32 (or fp8 x fp8 -> fp32)
@@ -44,7 +45,8 @@ W_SLOT = 5  # partial-output slot, or -1 when the item writes the final output
 W_FIELDS = 6
 
 # p = exp2(t - m + P_SHIFT) is at most 2^P_SHIFT = 256 < 448 (e4m3's max): small probabilities
-# keep more mantissa in fp8 than they would in [0, 1].
+# keep more mantissa in fp8 than they would in [0, 1]. The kernel takes its fp8 format's as the
+# constexpr P_SHIFT (this one by default; 7 in fnuz, whose scale limit is 224: fp8dit.device).
 P_SHIFT = tl.constexpr(8.0)
 
 # int32 -> fp32 without the conversion unit (16/clk/SM on Hopper, as slow as exp2): for
@@ -78,6 +80,7 @@ def _attn_block(
     MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr,
     SOFT_FP8_CAST: tl.constexpr, PV_BF16: tl.constexpr,
     qlo=None, desc_klo=None, QK_TWO_TERM: tl.constexpr = False,
+    P_SHIFT: tl.constexpr = 8.0, FP8_FNUZ: tl.constexpr = False,
 ):
     BLOCK_N: tl.constexpr = offs_n.shape[0]
     k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
@@ -128,7 +131,7 @@ def _attn_block(
     else:
         # From block kb-1's V grid frame to block kb's (a scalar per block).
         acc_alpha = alpha * tl.math.exp2(v_block_log2_scale(kb - 1) - v_block_log2_scale(kb))
-        p8 = p_to_fp8(p, SOFT_FP8_CAST)  # p <= 2^P_SHIFT < 448: no clamp needed
+        p8 = p_to_fp8(p, SOFT_FP8_CAST, FP8_FNUZ)  # p <= 2^P_SHIFT: no clamp needed
         vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
         pv = tl.dot(p8, vt.T)
     acc = acc * acc_alpha[:, None] + pv
@@ -147,6 +150,7 @@ def attention_fwd_persistent_kernel(
     DP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     PV_BF16: tl.constexpr, desc_qlo=None, desc_klo=None, QK_TWO_TERM: tl.constexpr = False,
+    P_SHIFT: tl.constexpr = 8.0, FP8_FNUZ: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     w_begin = tl.load(work_indptr_ptr + pid)
@@ -199,6 +203,7 @@ def attention_fwd_persistent_kernel(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
                 False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16, qlo, desc_klo, QK_TWO_TERM,
+                P_SHIFT, FP8_FNUZ,
             )
         for kb in range(hi_fast, kv_hi):
             col0 = kb * BLOCK_N
@@ -206,6 +211,7 @@ def attention_fwd_persistent_kernel(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
                 True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16, qlo, desc_klo, QK_TWO_TERM,
+                P_SHIFT, FP8_FNUZ,
             )
 
         vbase = (b * Hkv + hk) * DP

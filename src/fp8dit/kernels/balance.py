@@ -18,14 +18,15 @@ def channel_moments_kernel(
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
-    SOFT_CAST: tl.constexpr = False,
+    SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """``out[b, h, chunk] = (sum x, sum x**2)`` over tokens [chunk * CHUNK, (chunk + 1) * CHUNK)
     of head ``h`` of sequence ``b`` (length and first token in the plan's ``seq`` table columns
     ``LEN_COL`` and ``SRC_COL``: Q's or K's). Every slot is written (zeros past the sequence),
     non-finite values are left out, and consumers add the chunks in a fixed order, so the sums
     are deterministic. ``ROPE``: x rotated as loaded, as the quantization rotates it
-    (``quantize._rope_pairs``); heads first in the grid then (``quantize._block_and_head``)."""
+    (``quantize._rope_pairs``); heads first in the grid then (``quantize._block_and_head``).
+    ``HIP``: an AMD GPU (no inline PTX in the rotary)."""
     c, h, H, b = _block_and_head(ROPE != 0)
     length = tl.load(seq_ptr + b * 8 + LEN_COL)
     src = tl.load(seq_ptr + b * 8 + SRC_COL)
@@ -46,7 +47,7 @@ def channel_moments_kernel(
                         mask=m, other=0.0).to(tl.float32)
             if ROPE:
                 x = _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, t0 + i, loc, rmask, rope_lo, rope_n,
-                                DP, SUB, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+                                DP, SUB, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP)
             x = finite_or(x, 0.0)
             s1 += x
             s2 += x * x

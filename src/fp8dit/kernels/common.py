@@ -25,18 +25,68 @@ def round_to_e4m3_grid(x):
     magic = (((e_eff + 20 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
     ax = tl.abs(x)
     r = (ax + magic) - magic
-    return tl.where(x < 0, -r, r)
+    return tl.where(bits < 0, -r, r)  # the sign bit: -0 stays -0
 
 
 @triton.jit
-def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr):
-    """Saturating cast of fp32 to float8e4nv; NaN stays NaN."""
+def round_to_e4m3fnuz_grid(x):
+    """fp32 ``x`` (|x| <= 224) rounded to the nearest float8e4b8 (e4m3fnuz) value, still in
+    fp32, zeros as +0: what the interpreter's fp32 -> fnuz cast then keeps exactly (alone, it
+    loses rounding carries, truncates subnormals and turns -0 and small negatives into 0x80,
+    fnuz's NaN). fnuz's values are e4m3fn's halved (``fp8dit.device``), so x rounds on
+    e4m3fn's grid at 2x."""
+    r = round_to_e4m3_grid(x * 2.0) * 0.5
+    return tl.where(r == 0.0, 0.0, r)
+
+
+@triton.jit
+def fp8_cast(x, SOFT_FP8_CAST: tl.constexpr, FP8_FNUZ: tl.constexpr = False):
+    """fp32 already within the format's range to float8e4nv (e4m3fn), or float8e4b8 (e4m3fnuz)
+    with ``FP8_FNUZ``; NaN stays NaN.
+
+    ``SOFT_FP8_CAST`` (the interpreter): rounded first, and NaN given its byte (0x7F or 0xFF,
+    0x80 in fnuz) explicitly, the interpreter's cast turning it into a finite one (384 in
+    e4m3fn), and so is e4m3fn's -0. So the cast matches torch's on all 65,536 bfloat16 values
+    within range and NaN, in both formats (tests/test_fnuz.py). Compiled, one conversion
+    instruction per one or two values (``cvt.rn.satfinite.e4m3x2.f32`` on sm_90,
+    ``v_cvt_pk_fp8_f32`` on gfx942, ``v_cvt_scalef32_pk_fp8_f32`` on gfx950).
+    """
+    # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
+    if FP8_FNUZ:
+        if SOFT_FP8_CAST:
+            y = round_to_e4m3fnuz_grid(x).to(tl.float8e4b8)
+            y = tl.where(x == x, y, tl.full(x.shape, 0x80, tl.uint8).to(y.dtype, bitcast=True))
+        else:
+            y = x.to(tl.float8e4b8)
+    else:
+        if SOFT_FP8_CAST:
+            r = round_to_e4m3_grid(x)
+            y = r.to(tl.float8e4nv)
+            # NaN with x's sign, as torch keeps it, and -0 (triton 3.6's interpreter drops its
+            # sign)
+            neg = x.to(tl.int32, bitcast=True) < 0
+            byte = tl.where(x == x, 0x80, tl.where(neg, 0xFF, 0x7F)).to(tl.uint8)
+            y = tl.where((x == x) & ((r != 0.0) | ~neg), y, byte.to(y.dtype, bitcast=True))
+        else:
+            y = x.to(tl.float8e4nv)
+    return y
+
+
+@triton.jit
+def to_fp8_e4m3(x, SOFT_FP8_CAST: tl.constexpr, FP8_MAX: tl.constexpr = 448.0,
+                FP8_FNUZ: tl.constexpr = False):
+    """Saturating cast of fp32 to float8e4nv (float8e4b8 with ``FP8_FNUZ``): values beyond
+    +-``FP8_MAX`` (the format's scale limit, ``fp8dit.device.Fp8Format.scale_max``: 448, or
+    224 in fnuz, whose largest value 240 is not a scale limit) become +-``FP8_MAX``; NaN stays
+    NaN."""
     # where() rather than min/max: comparisons with NaN are false, so NaN passes through
     # (hardware max/min would return the other operand and turn NaN into +-448).
-    x = tl.where(x > 448.0, 448.0, tl.where(x < -448.0, -448.0, x))
-    if SOFT_FP8_CAST:
-        x = round_to_e4m3_grid(x)
-    return x.to(tl.float8e4nv)
+    x = tl.where(x > FP8_MAX, FP8_MAX, tl.where(x < -FP8_MAX, -FP8_MAX, x))
+    if SOFT_FP8_CAST or FP8_FNUZ:
+        y = fp8_cast(x, SOFT_FP8_CAST, FP8_FNUZ)
+    else:  # the cast written here, not through fp8_cast: the sm_90 SASS stays the measured one
+        y = x.to(tl.float8e4nv)
+    return y
 
 
 # 1 / golden ratio: block b's V grid factor is 2^frac(b * PHI), an equidistributed sequence.
@@ -64,12 +114,14 @@ def v_block_log2_scale(blk):
 
 
 @triton.jit
-def p_to_fp8(p, SOFT_FP8_CAST: tl.constexpr):
-    """Cast of probabilities already within e4m3's range (no clamp: one instruction fewer per
-    element in the attention loop; the hardware cast saturates anyway)."""
-    if SOFT_FP8_CAST:
-        p = round_to_e4m3_grid(p)
-    return p.to(tl.float8e4nv)
+def p_to_fp8(p, SOFT_FP8_CAST: tl.constexpr, FP8_FNUZ: tl.constexpr = False):
+    """Cast of probabilities already within the format's range (P <= 2^P_SHIFT, the attention
+    kernel's; no clamp: one instruction fewer per element in the attention loop)."""
+    if SOFT_FP8_CAST or FP8_FNUZ:
+        y = fp8_cast(p, SOFT_FP8_CAST, FP8_FNUZ)
+    else:  # the cast written here, not through fp8_cast: the sm_90 SASS stays the measured one
+        y = p.to(tl.float8e4nv)
+    return y
 
 
 @triton.jit
@@ -85,7 +137,7 @@ def round_to_bf16_grid(x):
 
 
 @triton.jit
-def rotate_pair_bf16(xe, xo, c, s, SOFT_CAST: tl.constexpr):
+def rotate_pair_bf16(xe, xo, c, s, SOFT_CAST: tl.constexpr, HIP: tl.constexpr = False):
     """``(xe * c - xo * s, xe * s + xo * c)`` as torch computes it on bfloat16 tensors (each
     product and each sum rounded to bf16, to nearest even), in fp32 holding bf16 values. ``xe``,
     ``xo``, ``c``, ``s``: fp32 holding bf16 values, so every product is exact in fp32.
@@ -96,44 +148,57 @@ def rotate_pair_bf16(xe, xo, c, s, SOFT_CAST: tl.constexpr):
     torch on the H200, 2026-12-04); 15 instructions per pair against ~38 for six
     :func:`round_to_bf16_grid` (sm_90 SASS). At Wan 720p the rotation then adds 0.37 ms to the
     1.91 ms of quantization kernels instead of 1.09 ms, bitwise the same (H200, 2026-12-04). The
-    interpreter takes the integer rounding (it runs no PTX)."""
-    if SOFT_CAST:
+    interpreter and AMD GPUs (``HIP``) take the integer rounding (they run no PTX; the products
+    are exact and feed integer operations, so no FMA contraction can drop a rounding)."""
+    # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
+    if SOFT_CAST or HIP:
         oe = round_to_bf16_grid(round_to_bf16_grid(xe * c) - round_to_bf16_grid(xo * s))
         oo = round_to_bf16_grid(round_to_bf16_grid(xe * s) + round_to_bf16_grid(xo * c))
-        return oe, oo
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 a, b, e, o, p;
-        mul.rn.f32 a, $2, $4;
-        mul.rn.f32 b, $3, $5;
-        cvt.rn.bf16x2.f32 p, a, b;
-        and.b32 a, p, 0xFFFF0000;
-        shl.b32 b, p, 16;
-        sub.rn.f32 e, a, b;
-        mul.rn.f32 a, $2, $5;
-        mul.rn.f32 b, $3, $4;
-        cvt.rn.bf16x2.f32 p, a, b;
-        and.b32 a, p, 0xFFFF0000;
-        shl.b32 b, p, 16;
-        add.rn.f32 o, a, b;
-        cvt.rn.bf16x2.f32 p, e, o;
-        and.b32 $0, p, 0xFFFF0000;
-        shl.b32 $1, p, 16;
-        }
-        """,
-        "=r,=r,r,r,r,r", [xe, xo, c, s], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        oe, oo = tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 a, b, e, o, p;
+            mul.rn.f32 a, $2, $4;
+            mul.rn.f32 b, $3, $5;
+            cvt.rn.bf16x2.f32 p, a, b;
+            and.b32 a, p, 0xFFFF0000;
+            shl.b32 b, p, 16;
+            sub.rn.f32 e, a, b;
+            mul.rn.f32 a, $2, $5;
+            mul.rn.f32 b, $3, $4;
+            cvt.rn.bf16x2.f32 p, a, b;
+            and.b32 a, p, 0xFFFF0000;
+            shl.b32 b, p, 16;
+            add.rn.f32 o, a, b;
+            cvt.rn.bf16x2.f32 p, e, o;
+            and.b32 $0, p, 0xFFFF0000;
+            shl.b32 $1, p, 16;
+            }
+            """,
+            "=r,=r,r,r,r,r", [xe, xo, c, s], dtype=(tl.float32, tl.float32), is_pure=True,
+            pack=1)
+    return oe, oo
 
 
 @triton.jit
-def mul_rn(a, b, SOFT_CAST: tl.constexpr):
+def mul_rn(a, b, SOFT_CAST: tl.constexpr, HIP: tl.constexpr = False):
     """fp32 ``a * b`` rounded on its own, as torch rounds each product of an element-wise
     expression: PTX ``mul.rn`` is never contracted into an FMA with a following add (a
-    contracted ``a * b - c * d`` rounds once less). The interpreter rounds every op anyway."""
+    contracted ``a * b - c * d`` rounds once less). The interpreter rounds every op anyway.
+    ``HIP``: AMD GPUs' ``v_mul_f32`` (round to nearest even), in inline assembly for the same
+    reason: Triton's HIP backend contracts a product and a following add into ``v_fma_f32``
+    (gfx942 ISA, triton 3.8)."""
+    # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
     if SOFT_CAST:
-        return a * b
-    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
-                                     dtype=tl.float32, is_pure=True, pack=1)
+        p = a * b
+    elif HIP:
+        p = tl.inline_asm_elementwise("v_mul_f32 $0, $1, $2", "=v,v,v", [a, b],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        p = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    return p
 
 
 @triton.jit
@@ -189,9 +254,10 @@ def residual_int8(x, inv_scale, hi):
 
 
 @triton.jit
-def quantize_tile(x, inv_scale, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr):
-    """``x * inv_scale`` to int8 or float8e4nv."""
+def quantize_tile(x, inv_scale, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
+                  FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False):
+    """``x * inv_scale`` to int8 or fp8 (float8e4nv, or float8e4b8 with ``FP8_FNUZ``)."""
     if QK_INT8:
         return to_int8_rn(x * inv_scale)
     else:
-        return to_fp8_e4m3(x * inv_scale, SOFT_FP8_CAST)
+        return to_fp8_e4m3(x * inv_scale, SOFT_FP8_CAST, FP8_MAX, FP8_FNUZ)

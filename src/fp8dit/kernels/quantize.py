@@ -20,6 +20,12 @@ Other recipes switch parts of this with constexpr flags (the default compiles as
 ``PV_BF16`` stores V in bf16 without a scale (same transposed layout); ``TENSOR_SCALES`` takes
 one scale per tensor for Q, K and V from :func:`qkv_abs_max_kernel` +
 :func:`abs_max_finalize_kernel` (the per-tensor baseline).
+
+The device's constants arrive as constexprs too (``fp8dit.device``; the defaults are NVIDIA's):
+``FP8_MAX``, what an fp8 scale maps the largest magnitude to (448; 224 in fnuz), and
+``FP8_FNUZ``, fp8 codes in float8e4b8 (e4m3fnuz, AMD gfx942) instead of float8e4nv;
+``HIP``, an AMD GPU: no inline PTX (``common.mul_rn``, ``common.rotate_pair_bf16``) and the
+rotation's dot in one of HIP's input precisions (``_rotate``).
 """
 
 import triton
@@ -72,7 +78,7 @@ ROPE_FOUR = 3
 @triton.jit
 def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
                 DP: tl.constexpr, ROWS: tl.constexpr, HALF_D: tl.constexpr, ROPE: tl.constexpr,
-                ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+                ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr, HIP: tl.constexpr = False):
     """Rows ``row0 + loc`` of one head (``x``: fp32 [ROWS, DP], zeros where masked) rotated
     pairwise the way diffusers rotates q and k before attention (``fp8dit.rope``), in the same
     arithmetic and with the same roundings, so the quantization sees bitwise the tensor
@@ -126,12 +132,12 @@ def _rope_pairs(x, cos_ptr, sin_ptr, x_ptr, row0, loc, rmask, rope_lo, rope_n,
         s2 = s
     xe, xo = tl.split(tl.reshape(x, [ROWS, HALF, 2]))
     if ROPE == 2:  # ROPE_ROUNDED (a product of two bf16 values is exact in fp32)
-        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST)
+        oe, oo = rotate_pair_bf16(xe, xo, c, s, SOFT_CAST, HIP)
     else:
-        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST) - mul_rn(xo, s2, SOFT_CAST), x_ptr,
-                            SOFT_CAST).to(tl.float32)
-        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST) + mul_rn(xo, c2, SOFT_CAST), x_ptr,
-                            SOFT_CAST).to(tl.float32)
+        oe = cast_for_store(mul_rn(xe, c, SOFT_CAST, HIP) - mul_rn(xo, s2, SOFT_CAST, HIP),
+                            x_ptr, SOFT_CAST).to(tl.float32)
+        oo = cast_for_store(mul_rn(xe, s, SOFT_CAST, HIP) + mul_rn(xo, c2, SOFT_CAST, HIP),
+                            x_ptr, SOFT_CAST).to(tl.float32)
     out = tl.reshape(tl.join(oe, oo), [ROWS, DP])
     if ROPE_RANGE:
         out = tl.where(inr[:, None], out, x)
@@ -156,7 +162,8 @@ def _block_and_head(HEADS_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
+def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
+            HIP: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
     scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
@@ -164,12 +171,20 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False):
     int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
     accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
     off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
-    the quantization ~170 ms slower at Wan 720p (H200, 2026-12-02)."""
+    the quantization ~170 ms slower at Wan 720p (H200, 2026-12-02). ``HIP`` (AMD: no tf32x3,
+    HIP takes ieee, bf16x3 or bf16x6): "ieee", on the fp32 matrix instructions of CDNA3/4
+    (``v_mfma_f32_*_f32``, gfx942 and gfx950 ISA), fp32 accuracy for one and two terms alike;
+    its speed is not yet measured."""
     offs = tl.arange(0, DP)
     r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
-    if PRECISE:
-        return tl.dot(x, r, input_precision="tf32x3")
-    return tl.dot(x, r)
+    # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
+    if HIP:
+        y = tl.dot(x, r, input_precision="ieee")
+    elif PRECISE:
+        y = tl.dot(x, r, input_precision="tf32x3")
+    else:
+        y = tl.dot(x, r)
+    return y
 
 
 @triton.jit
@@ -191,7 +206,8 @@ def _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask
                  out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n,
                  DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                  KBLK: tl.constexpr, HALF_D: tl.constexpr,
-                 ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr):
+                 ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr,
+                 HIP: tl.constexpr = False):
     """One chunk of ``kv_channel_stats_kernel``: rows past ``k_len`` masked, non-finite values
     left out (and K's flagged per block). Stores the chunk's four rows at ``out`` and, with
     ``KBLK``, each block's K max and min from ``kout`` on.
@@ -225,7 +241,7 @@ def _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask
             if ROPE:
                 k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, t0 + i,
                                 loc, t0 + i + loc < k_len, rope_lo, rope_n, DP, SUB,
-                                HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+                                HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP)
             ksum += finite_or(k, 0.0)
             vsum += finite_or(v, 0.0)
             vmax = tl.maximum(vmax, tl.where(m, finite_or(v, float("-inf")), float("-inf")))
@@ -258,7 +274,7 @@ def kv_channel_stats_kernel(
     DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, KBLK: tl.constexpr,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
-    SOFT_CAST: tl.constexpr = False,
+    SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -294,7 +310,7 @@ def kv_channel_stats_kernel(
         if t0 >= 0:
             _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask, loc,
                          out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP, CHUNK, SUB,
-                         KBLK, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST)
+                         KBLK, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP)
 
 
 @triton.jit
@@ -303,6 +319,7 @@ def kv_stats_finalize_kernel(
     n_chunks, D,
     DP: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr, SMOOTH_K: tl.constexpr,
     CENTER_V: tl.constexpr, TENSOR_SCALES: tl.constexpr, PV_BF16: tl.constexpr,
+    FP8_MAX: tl.constexpr = 448.0,
 ):
     """Per (kv head, sequence): add the chunks up (fixed order) into K's channel mean and V's
     channel mean and fp8 scale, once, so the quantization programs read one row each.
@@ -310,7 +327,8 @@ def kv_stats_finalize_kernel(
     Chunks are read ``ROWS`` at a time as [ROWS, DP] tiles: with short chunks there are dozens
     per head, and one dependent load per chunk left this latency-bound.
     ``PV_BF16``: V's scale is 1 (bf16 V is not scaled). ``TENSOR_SCALES``: V's scale is V's
-    tensor-wide amax (``amax_ptr[2]``) / 448 in every channel."""
+    tensor-wide amax (``amax_ptr[2]``) / ``FP8_MAX`` in every channel (the fp8 format's scale
+    limit, ``fp8dit.device.Fp8Format.scale_max``)."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     Hkv = tl.num_programs(0)
@@ -348,11 +366,11 @@ def kv_stats_finalize_kernel(
     if PV_BF16:
         v_scale = tl.full([DP], 1.0, dtype=tl.float32)
     elif TENSOR_SCALES:
-        v_scale = tl.zeros([DP], dtype=tl.float32) + tl.load(amax_ptr + 2) / 448.0
+        v_scale = tl.zeros([DP], dtype=tl.float32) + tl.load(amax_ptr + 2) / FP8_MAX
     else:
         v_amax = tl.maximum(vmax - v_mean, v_mean - vmin)
         v_amax = tl.maximum(finite_or(v_amax, 0.0), AMAX_FLOOR)
-        v_scale = v_amax / 448.0
+        v_scale = v_amax / FP8_MAX
     out = (b * Hkv + h) * DP + offs_d
     tl.store(k_mean_ptr + out, k_mean)
     tl.store(v_mean_ptr + out, v_mean)
@@ -385,6 +403,7 @@ def quantize_kv_kernel(
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     ROT_PER_HEAD: tl.constexpr = False,
+    FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """A block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -407,7 +426,7 @@ def quantize_kv_kernel(
     ``balance`` recipes): ``rot`` holds one [DP, DP] matrix per (sequence, kv head)
     (``fp8dit.balance``) instead of one for all.
     """
-    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else FP8_MAX
     blk, h, Hkv, b = _block_and_head(ROPE != 0)
     k_len = tl.load(seq_ptr + b * 8 + 1)
     k_src = tl.load(seq_ptr + b * 8 + 3)
@@ -445,7 +464,7 @@ def quantize_kv_kernel(
         if ROPE:
             k = _rope_pairs(k, cos_ptr, sin_ptr, k_ptr, blk * BLOCK_N,
                             loc, rmask, rope_lo, rope_n, DP, BLOCK_N, HALF_D, ROPE, ROPE_RANGE,
-                            SOFT_FP8_CAST)
+                            SOFT_FP8_CAST, HIP)
         v_at, mv = _kv_block_at(v_ptr, b, h, v_sb, v_st, v_sh, v_sd, k_src, k_len, blk,
                                 vloc, offs_d, dmask, BLOCK_N)
         if KAMAX_FROM_STATS and not ROPE:  # (with ROPE, V in flight too made it spill)
@@ -461,7 +480,7 @@ def quantize_kv_kernel(
             rp = rot_ptr
             if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
                 rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
-            ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM)
+            ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM, HIP)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         elif KAMAX_FROM_STATS:
@@ -482,7 +501,7 @@ def quantize_kv_kernel(
         else:
             k_amax = tl.max(tl.max(tl.abs(finite_or(ks, 0.0)), 1), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
-        k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST)
+        k8 = quantize_tile(ks, 1.0 / k_scale, QK_INT8, SOFT_FP8_CAST, FP8_MAX, FP8_FNUZ)
         prow0 = (k_pad + blk * BLOCK_N).to(tl.int64)
         k_at = (h.to(tl.int64) * Tk_pad + prow0) * DP + loc[:, None] * DP + offs_d[None, :]
         if TWO_TERM:
@@ -503,7 +522,7 @@ def quantize_kv_kernel(
             # kernel multiplies P by it): see v_block_log2_scale.
             inv = 1.0 / (v_scale * tl.math.exp2(v_block_log2_scale(blk // SUBBLOCKS)))
             vc = tl.where(mv, (v - v_mean[None, :]) * inv[None, :], 0.0)
-            v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST))
+            v8t = tl.trans(to_fp8_e4m3(vc, SOFT_FP8_CAST, FP8_MAX, FP8_FNUZ))
         tl.store(
             v8t_ptr + h.to(tl.int64) * DP * Tk_pad + prow0
             + offs_d[:, None] * Tk_pad + loc[None, :],
@@ -538,6 +557,7 @@ def quantize_q_kernel(
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     ROT_PER_HEAD: tl.constexpr = False,
+    FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
 ):
     """A block of ``BLOCK_M`` query tokens of one head: per-token scale.
 
@@ -551,7 +571,7 @@ def quantize_q_kernel(
     ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; heads first in the grid
     (``_block_and_head``).
     """
-    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else FP8_MAX
     blk, h, H, b = _block_and_head(ROPE != 0)
     Hkv = H // group
     q_len = tl.load(seq_ptr + b * 8 + 0)
@@ -567,12 +587,12 @@ def quantize_q_kernel(
         if ROPE:
             q = _rope_pairs(q, cos_ptr, sin_ptr, q_ptr, blk * BLOCK_M,
                             loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
-                            ROPE_RANGE, SOFT_FP8_CAST)
+                            ROPE_RANGE, SOFT_FP8_CAST, HIP)
         if ROTATE:
             rp = rot_ptr
             if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
                 rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
-            qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM)  # masked: already 0
+            qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM, HIP)  # masked: already 0
         else:
             qr = q
         if TENSOR_SCALES:
@@ -580,7 +600,8 @@ def quantize_q_kernel(
         else:
             amax = tl.max(tl.abs(finite_or(qr, 0.0)), 1)
             scale = tl.maximum(amax, AMAX_FLOOR) / QMAX
-        q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST)
+        q8 = quantize_tile(qr, (1.0 / scale)[:, None], QK_INT8, SOFT_FP8_CAST, FP8_MAX,
+                           FP8_FNUZ)
         n_bad = tl.sum(tl.where(finite_or(q, 0.0) == q, 0, 1), 1)
         prow0 = h.to(tl.int64) * Tq_pad + q_pad + blk * BLOCK_M  # row in [H*Tq_pad]
         q_at = prow0 * DP + loc[:, None] * DP + offs_d[None, :]

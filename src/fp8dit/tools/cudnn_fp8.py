@@ -102,8 +102,8 @@ class CudnnFp8Attention:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  softmax_scale: float | None = None):
-        if q.device.type != "cuda":
-            raise CudnnFp8Unavailable("cuDNN's FP8 attention needs a CUDA GPU")
+        if q.device.type != "cuda" or torch.version.hip is not None:  # ROCm GPUs are "cuda"
+            raise CudnnFp8Unavailable("cuDNN's FP8 attention needs an NVIDIA CUDA GPU")
         if torch.cuda.get_device_capability(q.device) < (9, 0):
             raise CudnnFp8Unavailable("cuDNN's FP8 attention needs Hopper (sm_90) or newer")
         if not (q.shape == k.shape == v.shape and q.dim() == 4):
