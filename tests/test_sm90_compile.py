@@ -10,7 +10,6 @@ measured path's instructions per kv step are held to bounds measured per Triton 
 (``HOT_LOOP_INSTRUCTIONS``); on a release without them only that check is skipped.
 """
 
-import inspect
 import json
 import os
 import subprocess
@@ -20,84 +19,29 @@ import warnings
 import pytest
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 import fp8dit
-from fp8dit import attend, balance, merge, quantize, tuning
+from fp8dit import attend, quantize, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
+from launches import record  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") != "1", reason="records launches in the interpreter"
 )
 
-_DTYPES = {
-    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-    torch.int64: "i64", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv",
-}
-# every kernel the FP8 path launches: quantization, attention and the split-KV merge
-KERNELS = [(mod, name) for mod in (quantize, attend, merge, balance) for name in dir(mod)
-           if name.endswith("_kernel")]
-
-
-def _arg_type(value):
-    if isinstance(value, torch.Tensor):
-        return "*" + _DTYPES[value.dtype]
-    if isinstance(value, TensorDescriptor):
-        shape = ", ".join(str(int(s)) for s in value.block_shape)
-        return f"tensordesc<{_DTYPES[value.base.dtype]}[{shape}]>"
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"unexpected kernel argument {type(value).__name__}")
-
-
-class _Recorder:
-    def __init__(self, kernel, sink):
-        self.kernel, self.sink = kernel, sink
-        fn = getattr(kernel, "fn", kernel)
-        params = inspect.signature(fn).parameters
-        self.names = list(params)
-        # parameters a launch may leave out (the rotary tables' pointers): their defaults
-        self.defaults = {n: p.default for n, p in params.items()
-                         if p.default is not inspect.Parameter.empty}
-        self.constexpr = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
-        self.module, self.name = fn.__module__, fn.__name__
-
-    def __getitem__(self, grid):
-        launcher = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
-                    if k in kwargs}
-            bound = dict(self.defaults)
-            bound.update(zip(self.names, args))
-            bound.update(kwargs)
-            sig, const = {}, {}
-            for n in self.names:
-                if n in self.constexpr:
-                    sig[n] = "constexpr"
-                    # The interpreter's cast workarounds are off in compiled kernels.
-                    const[n] = False if n in ("SOFT_FP8_CAST", "SOFT_CAST") else bound[n]
-                elif bound[n] is None:  # a pointer left out: Triton makes it a constant
-                    sig[n], const[n] = "constexpr", None
-                else:
-                    sig[n] = _arg_type(bound[n])
-            self.sink.append(dict(module=self.module, name=self.name, signature=sig,
-                                  constexprs=const, num_warps=opts.get("num_warps", 4),
-                                  num_stages=opts.get("num_stages", 3),
-                                  maxnreg=opts.get("maxnreg")))
-            return launcher(*args, **kwargs, **opts)
-
-        return run
-
 
 def _record(monkeypatch):
-    sink = []
-    for mod, name in KERNELS:
-        monkeypatch.setattr(mod, name, _Recorder(getattr(mod, name), sink))
+    launches = record(monkeypatch, _calls)
+    assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in launches)
+    assert {r["constexprs"].get("ROPE") for r in launches} >= {0, 1, 2, 3}
+    assert any(r["constexprs"].get("ROPE_RANGE") for r in launches)
+    assert any(r["name"] == "channel_moments_kernel" for r in launches)  # the balance recipes
+    return launches
+
+
+def _calls():
     # One call per recipe and padded head dim, causal and not, with a split-KV merge.
     g = torch.Generator().manual_seed(0)
     for recipe in RECIPES:
@@ -126,12 +70,6 @@ def _record(monkeypatch):
         # the balance recipe's channel sums with the rotation fused in
         quantize.quantize_stage(plan, RECIPES["int8qk-fp8pv-bal"], 0.1, q, st, k, st, v, st,
                                 kv_perm16=True, rope=tables, rope_start=100)
-    assert any(r["constexprs"].get("KAMAX_FROM_STATS") for r in sink)
-    assert {r["constexprs"].get("ROPE") for r in sink} >= {0, 1, 2, 3}
-    assert any(r["constexprs"].get("ROPE_RANGE") for r in sink)
-    assert any(r["name"] == "channel_moments_kernel" for r in sink)  # the balance recipes
-    unique = {json.dumps(r, sort_keys=True): r for r in sink}
-    return list(unique.values())
 
 
 def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp_path):
