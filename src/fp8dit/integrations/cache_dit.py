@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 
 from .engine_core import Engine, attend, wait_collectives
-from .registry import add_member, enum_problems, params
+from .registry import add_member, enum_problems, import_engine, params, raise_if_unfit
 
 BACKEND_NAME = "fp8dit"
 MEMBER_NAME = "FP8DIT"
@@ -142,24 +142,9 @@ def register():
     RuntimeError
         cache-dit's internals changed in a way this adapter does not fit.
     """
-    import importlib
-
-    try:
-        importlib.import_module(_REGISTER)
-    except ImportError as e:
-        raise ImportError(f"fp8dit's cache-dit adapter needs cache-dit=={SUPPORTED_VERSION} "
-                          f"(pip install 'fp8dit[cache-dit]'): {e}") from e
-    problems = cache_dit_internals_problems()
-    if problems:
-        import cache_dit
-
-        raise RuntimeError(
-            f"fp8dit's cache-dit adapter does not fit cache-dit "
-            f"{getattr(cache_dit, '__version__', '?')} (written against {SUPPORTED_VERSION}): "
-            + "; ".join(problems)
-            + f". Install cache-dit=={SUPPORTED_VERSION} or update "
-            "fp8dit/integrations/cache_dit.py."
-        )
+    import_engine(_REGISTER, "cache-dit", "cache-dit", SUPPORTED_VERSION, "cache-dit")
+    raise_if_unfit(cache_dit_internals_problems(), "cache-dit", "cache-dit", SUPPORTED_VERSION,
+                   "cache_dit")
     from .diffusers import register as register_diffusers
 
     register_diffusers()

@@ -47,3 +47,31 @@ def add_member(names, name: str, value):
     names._value2member_map_[value] = member
     type.__setattr__(names, name, member)
     return member
+
+
+def import_engine(module: str, engine: str, dist: str, version: str, extra: str):
+    """Import ``module`` of an engine, or raise ImportError saying which release and extra the
+    adapter needs."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"fp8dit's {engine} adapter needs {dist}=={version} "
+                          f"(pip install 'fp8dit[{extra}]'): {e}") from e
+
+
+def raise_if_unfit(problems: list[str], engine: str, dist: str, version: str,
+                   adapter: str) -> None:
+    """Raise RuntimeError listing ``problems`` (what moved in the installed engine) when there
+    are any, naming the installed release and the one the adapter was written against."""
+    if not problems:
+        return
+    import importlib
+
+    installed = getattr(importlib.import_module(dist.replace("-", "_")), "__version__", "?")
+    raise RuntimeError(
+        f"fp8dit's {engine} adapter does not fit {dist} {installed} (written against "
+        f"{version}): " + "; ".join(problems)
+        + f". Install {dist}=={version} or update fp8dit/integrations/{adapter}.py."
+    )

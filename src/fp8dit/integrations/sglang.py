@@ -40,7 +40,7 @@ import logging
 import sys
 
 from .engine_core import Engine, attend, attend_varlen
-from .registry import add_member, enum_problems, params
+from .registry import add_member, enum_problems, params, raise_if_unfit
 
 BACKEND_NAME = "fp8dit"
 MEMBER_NAME = "FP8DIT"
@@ -161,14 +161,7 @@ def _member():
 
 
 def _raise_if(problems: list[str]) -> None:
-    if problems:
-        import sglang
-
-        raise RuntimeError(
-            f"fp8dit's SGLang adapter does not fit sglang {getattr(sglang, '__version__', '?')} "
-            f"(written against {SUPPORTED_VERSION}): " + "; ".join(problems)
-            + f". Install sglang=={SUPPORTED_VERSION} or update fp8dit/integrations/sglang.py."
-        )
+    raise_if_unfit(problems, "SGLang", "sglang", SUPPORTED_VERSION, "sglang")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import sys
 import torch
 
 from .engine_core import Engine, attend, attend_varlen
-from .registry import add_member, enum_problems, params
+from .registry import add_member, enum_problems, import_engine, params, raise_if_unfit
 
 BACKEND_NAME = "fp8dit"
 MEMBER_NAME = "FP8DIT"
@@ -143,22 +143,8 @@ def register():
     RuntimeError
         xDiT's internals changed in a way this adapter does not fit.
     """
-    import importlib
-
-    try:
-        importlib.import_module(_BACKENDS)
-    except ImportError as e:
-        raise ImportError(f"fp8dit's xDiT adapter needs xfuser=={SUPPORTED_VERSION} "
-                          f"(pip install 'fp8dit[xdit]'): {e}") from e
-    problems = xdit_internals_problems()
-    if problems:
-        import xfuser
-
-        raise RuntimeError(
-            f"fp8dit's xDiT adapter does not fit xfuser {getattr(xfuser, '__version__', '?')} "
-            f"(written against {SUPPORTED_VERSION}): " + "; ".join(problems)
-            + f". Install xfuser=={SUPPORTED_VERSION} or update fp8dit/integrations/xdit.py."
-        )
+    import_engine(_BACKENDS, "xDiT", "xfuser", SUPPORTED_VERSION, "xdit")
+    raise_if_unfit(xdit_internals_problems(), "xDiT", "xfuser", SUPPORTED_VERSION, "xdit")
     backends = sys.modules[_BACKENDS]
     member = add_member(backends.AttentionBackendType, MEMBER_NAME, BACKEND_NAME)
     backends.register_attention_function(member)(fp8dit_attention)
