@@ -67,9 +67,12 @@ def raise_if_unfit(problems: list[str], engine: str, dist: str, version: str,
     are any, naming the installed release and the one the adapter was written against."""
     if not problems:
         return
-    import importlib
+    from importlib import metadata
 
-    installed = getattr(importlib.import_module(dist.replace("-", "_")), "__version__", "?")
+    try:  # the distribution's metadata: importing the engine again could fail on its own
+        installed = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        installed = "?"
     raise RuntimeError(
         f"fp8dit's {engine} adapter does not fit {dist} {installed} (written against "
         f"{version}): " + "; ".join(problems)
