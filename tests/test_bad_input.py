@@ -437,7 +437,7 @@ CLI_CASES = [
     ("bench-shape-3", ["bench", "--shape", "1,2,3"], {},
      r"fp8dit bench: error: --shape: expected B,H,S,D.*got '1,2,3' \(3 values\)"),
     ("bench-preset", ["bench", "--preset", "nope"], {},
-     r"fp8dit bench: error: --preset: unknown preset 'nope'; expected 'all' or one of"),
+     r"fp8dit bench: error: --preset: unknown preset 'nope'; expected 'all', 'models' or one of"),
     ("bench-recipe", ["bench", "--recipe", "nope"], {},
      rf"fp8dit bench: error: --recipe: expected {NAMES}, got 'nope'"),
     ("bench-env-recipe", ["bench", "--smoke"], {"FP8DIT_RECIPE": "nope"},

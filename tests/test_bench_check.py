@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from fp8dit.recipes import RECIPES
-from fp8dit.tools import bench, check
+from fp8dit.tools import bench, check, report
 from fp8dit.tools.presets import (
+    GROUPS,
     PRESETS,
     ShapeError,
     attention_flops,
@@ -50,16 +51,61 @@ def _table(text: str, first_col: str) -> list[list[str]]:
 # ---------------------------------------------------------------------------------------------
 
 
+README_SHAPES = {
+    "wan2.2-a14b-720p": (1, 40, 75600, 128),
+    "wan-480p": (1, 40, 32760, 128),
+    "wan2.1-1.3b-480p": (1, 12, 32760, 128),
+    "hunyuanvideo-720p": (1, 24, 118800, 128),
+    "flux-1024": (1, 24, 4608, 128),
+    "cogvideox-5b": (1, 48, 17776, 64),
+}
+# (B, heads, tokens, head dim) of one self-attention call at the default resolution, from the
+# models' configurations (FLUX.1 also at 2048 px).
+MODEL_SHAPES = {
+    "flux-1024": (1, 24, 4608, 128),
+    "flux-2048": (1, 24, 16896, 128),
+    "flux.2-dev-1024": (1, 48, 4608, 128),
+    "sd3.5-large-1024": (1, 38, 4429, 64),
+    "qwen-image-1328": (1, 24, 7100, 128),
+    "hunyuanimage-2.1-2048": (1, 28, 5224, 128),
+    "ltx-video-2b": (1, 32, 7392, 64),
+    "wan2.2-ti2v-5b-720p": (1, 24, 27280, 128),
+    "mochi-1": (1, 24, 44776, 128),
+    "cogvideox1.5-5b": (1, 48, 45106, 64),
+    "cosmos-predict2-14b": (1, 40, 84480, 128),
+    "hunyuanvideo-1.5-720p": (1, 16, 113585, 128),
+    "skyreels-v2-14b-720p": (1, 40, 111600, 128),
+}
+
+
 def test_presets_match_the_anchor_shapes():
+    # an exact comparison: a preset dropped, renamed or overwritten by a repeated name fails
     got = {n: (s.B, s.H, s.S, s.D) for n, s in PRESETS.items()}
-    assert got == {
-        "wan2.2-a14b-720p": (1, 40, 75600, 128),
-        "wan-480p": (1, 40, 32760, 128),
-        "wan2.1-1.3b-480p": (1, 12, 32760, 128),
-        "hunyuanvideo-720p": (1, 24, 118800, 128),
-        "flux-1024": (1, 24, 4608, 128),
-        "cogvideox-5b": (1, 48, 17776, 64),
-    }
+    assert got == README_SHAPES | MODEL_SHAPES
+
+
+def test_groups_all_is_the_readme_set_and_models_one_per_model():
+    # "all" is what every results file was run with (the README's rows), in the order it was
+    assert GROUPS["all"] == tuple(README_SHAPES)
+    assert set(GROUPS["all"]) == set(report.PRESET_ORDER[:6])  # the README's rows come first
+    assert [s.name for s in resolve_shapes(["all"])] == list(README_SHAPES)
+    assert [s.name for s in resolve_shapes(["models"])] == list(MODEL_SHAPES)
+    both = [s.name for s in resolve_shapes(["all,models"])]  # flux-1024 in both, once
+    assert both == list(dict.fromkeys([*README_SHAPES, *MODEL_SHAPES]))
+    assert not set(GROUPS) & set(PRESETS), "a group would hide the preset of the same name"
+
+
+def test_each_preset_is_distinct_parses_and_is_labelled():
+    dims = [(s.B, s.H, s.S, s.D) for s in PRESETS.values()]
+    assert len(set(dims)) == len(dims), "two names for one shape"
+    for name, s in PRESETS.items():
+        assert s.name == name and s.model, name
+        parsed = parse_shape(f"{s.B},{s.H},{s.S},{s.D}")
+        assert (parsed.B, parsed.H, parsed.S, parsed.D) == (s.B, s.H, s.S, s.D)
+        assert parsed.flops == s.flops
+        assert resolve_shapes([name]) == [s]
+    # the docs' tables name every preset a run may measure (none is dropped from them)
+    assert set(report.MODEL_LABELS) == set(PRESETS)
 
 
 def test_flops_formula():
@@ -88,7 +134,6 @@ def test_parse_shape_errors(text, fragment):
 
 
 def test_resolve_shapes():
-    assert [s.name for s in resolve_shapes(["all"])] == list(PRESETS)
     got = resolve_shapes(["flux-1024,cogvideox-5b", "flux-1024"], ["1,2,64,32"])
     assert [s.name for s in got] == ["flux-1024", "cogvideox-5b", "B1-H2-S64-D32"]
     assert resolve_shapes(None, None) == []

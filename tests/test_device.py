@@ -155,10 +155,14 @@ def test_interpret_as_is_scoped_and_checked():
             pass
 
 
-def test_rotation_past_the_lds_is_refused_on_amd():
+def test_rotation_past_the_lds_is_refused_on_amd(monkeypatch):
     """The Hadamard-rotated recipes hold a [Dp, Dp] fp32 matrix in shared memory: 256 KB at
     padded head dim 256, over both AMD CUs' LDS (64 KB, 160 KB). A clear error instead of a
     launch that cannot get its LDS."""
+    # The interpreter stands in for gfx950 on CPU tensors, which the dispatcher takes only
+    # with TRITON_INTERPRET=1 (unset on a GPU machine); the refusal comes before any launch,
+    # so nothing runs through the interpreter.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     q = torch.randn(1, 40, 2, 200).bfloat16()
     with device.interpret_as("gfx950"):
         with pytest.raises(ValueError, match=r"int8qk-fp8pv-rot.* 256 KB .* gfx950 has \(160 KB\)"):

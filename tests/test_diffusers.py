@@ -282,15 +282,20 @@ def test_import_registers_the_backend_for_set_attention_backend():
         "torch.manual_seed(0)\n"
         "model = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, "
         "attention_head_dim=64, in_channels=4, out_channels=4, text_dim=32, freq_dim=32, "
-        "ffn_dim=64, num_layers=1, rope_max_seq_len=32).to(torch.bfloat16).eval()\n"
+        f"ffn_dim=64, num_layers=1, rope_max_seq_len=32).to({DEVICE!r}, torch.bfloat16).eval()\n"
         "model.set_attention_backend('fp8dit')\n"
-        "x = dict(hidden_states=torch.randn(1, 4, 1, 8, 8).bfloat16(), "
-        "timestep=torch.tensor([500.0]), encoder_hidden_states=torch.randn(1, 8, 32).bfloat16())\n"
+        f"x = dict(hidden_states=torch.randn(1, 4, 1, 8, 8, device={DEVICE!r}).bfloat16(), "
+        f"timestep=torch.tensor([500.0], device={DEVICE!r}), "
+        f"encoder_hidden_states=torch.randn(1, 8, 32, device={DEVICE!r}).bfloat16())\n"
         "with torch.no_grad(), fd.record_calls() as calls:\n"
         "    model(**x)\n"
         "print(sorted({c['backend'] for c in calls}), len(calls))\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # On a GPU: the compiled kernels (FP8DIT_BACKEND=fp8 from fp8_at_any_length, as these short
+    # calls would run SDPA); the interpreter only without one, as test_env_var_selects_fp8dit.
+    env = dict(os.environ)
+    if DEVICE == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     env.pop("DIFFUSERS_ATTN_BACKEND", None)
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)

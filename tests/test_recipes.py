@@ -296,6 +296,19 @@ def test_recipe_validation():
     assert RECIPES[BASELINE].scales == "tensor" and RECIPES[HIGH_ACCURACY].pv == "bf16"
 
 
+# Per-tensor scales read their amax with .item(), which meta tensors do not have.
+@pytest.mark.parametrize("name", [n for n, r in RECIPES.items() if r.scales != "tensor"])
+def test_emulation_builds_every_tensor_on_the_inputs_device(name):
+    """On a GPU a CPU tensor built inside the emulation meets CUDA ones and raises (the
+    balance recipes' row counts did). Inputs on the "meta" device make any such tensor raise
+    on the CPU too: torch refuses to mix meta and CPU tensors."""
+    q = torch.empty(1, 40, 4, 64, device="meta", dtype=torch.bfloat16)
+    k, v = (torch.empty(1, 33, 2, 64, device="meta", dtype=torch.bfloat16) for _ in range(2))
+    out, lse = attention_emulated(q, k, v, RECIPES[name], return_lse=True)
+    assert out.device.type == lse.device.type == "meta"
+    assert out.shape == q.shape and lse.shape == (1, 4, 40)
+
+
 def test_v_rounding_error_does_not_add_up_over_tokens():
     """fp8 V's rounding error must average out over a long sequence, channel by channel.
 

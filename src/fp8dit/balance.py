@@ -41,7 +41,7 @@ S_LIMIT = 64.0
 def balance_matrices(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Tensor,
                      k_sum: torch.Tensor, k_sq: torch.Tensor, k_count: torch.Tensor,
                      rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(Mq, Mk)`` [..., Dp, Dp] float32 (module docstring).
+    """``(Mq, Mk)`` [..., Dp, Dp] float32 (module docstring). Every argument on one device.
 
     q_sum, q_sq : [..., Dp]
         Sums of q and q**2 over the rows of a kv head's queries.

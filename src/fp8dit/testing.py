@@ -363,11 +363,13 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
             g = H // Hkv
             qg = qh.reshape(B, Hkv, g * Sq, dp)  # a kv head's query heads together
             kr = torch.nn.functional.pad(k_raw, pad)
-            mq, mk = balance_matrices(
-                qg.sum(2), qg.pow(2).sum(2), torch.full((B, Hkv), g * Sq),
-                kr.sum(2), kr.pow(2).sum(2), torch.full((B, Hkv), Sk), rot)
-            qh = qh @ mq.to(qh.device).repeat_interleave(g, 1)
-            kh = kh @ mk.to(kh.device)
+            # counts on the sums' device (balance_matrices divides one by the other)
+            q_count = torch.full((B, Hkv), g * Sq, device=qh.device)
+            k_count = torch.full((B, Hkv), Sk, device=qh.device)
+            mq, mk = balance_matrices(qg.sum(2), qg.pow(2).sum(2), q_count,
+                                      kr.sum(2), kr.pow(2).sum(2), k_count, rot)
+            qh = qh @ mq.repeat_interleave(g, 1)
+            kh = kh @ mk
         else:
             qh = qh @ rot
             kh = kh @ rot

@@ -85,8 +85,9 @@ class Unavailable(RuntimeError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", action="append", metavar="NAME",
-                   help="preset shape (repeatable or comma-separated; 'all' for every one): "
-                        + ", ".join(PRESETS) + ". Default: all (or the --smoke shape)")
+                   help="preset shape (repeatable or comma-separated): " + ", ".join(PRESETS)
+                        + "; or a group: 'all' (the README's six), 'models' (one per model). "
+                        "Default: all (or the --smoke shape)")
     p.add_argument("--shape", action="append", metavar="B,H,S,D",
                    help="custom shape, e.g. 1,24,4608,128 (repeatable)")
     p.add_argument("--backends", metavar="A,B",
@@ -1003,7 +1004,7 @@ def run(args: argparse.Namespace) -> int:
                              "not a --preset")
         shapes = resolve_shapes(args.preset, args.shape)
         if not shapes:
-            shapes = [parse_shape(SMOKE_SHAPE)] if smoke else list(PRESETS.values())
+            shapes = [parse_shape(SMOKE_SHAPE)] if smoke else resolve_shapes(["all"])
         from ..testing import FAMILIES
 
         if args.family not in FAMILIES:

@@ -46,7 +46,20 @@ MODEL_LABELS = {
     "hunyuanvideo-720p": "HunyuanVideo 720p",
     "cogvideox-5b": "CogVideoX-5B",
     "flux-1024": "Flux 1024 px",
+    "flux-2048": "Flux 2048 px",
+    "flux.2-dev-1024": "FLUX.2-dev 1024 px",
+    "sd3.5-large-1024": "SD3.5 Large 1024 px",
+    "qwen-image-1328": "Qwen-Image 1328 px",
+    "hunyuanimage-2.1-2048": "HunyuanImage 2.1 2048 px",
+    "ltx-video-2b": "LTX-Video 2B",
+    "wan2.2-ti2v-5b-720p": "Wan2.2-TI2V-5B 720p",
+    "mochi-1": "Mochi 1",
+    "cogvideox1.5-5b": "CogVideoX1.5-5B",
+    "cosmos-predict2-14b": "Cosmos-Predict2 14B",
+    "hunyuanvideo-1.5-720p": "HunyuanVideo 1.5 720p",
+    "skyreels-v2-14b-720p": "SkyReels-V2 14B 720p",
 }
+# Every preset, in this order; a table shows only those its run has rows for (_presets).
 PRESET_ORDER = tuple(MODEL_LABELS)
 
 # Whole-model forwards through diffusers (the forward benchmarks), one table row each:
