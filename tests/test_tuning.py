@@ -25,9 +25,11 @@ def _entries(t: tuning.Tuning):
 
 
 def test_every_value_names_its_measurement():
-    # (AMD tiles: compiled for the architecture, said to be not yet executed on it)
+    # (AMD and non-Hopper NVIDIA tiles: compiled for the architecture, said to be not yet
+    # executed on it)
     dated = re.compile(r"(H200|sm_90 SASS|CPU interpreter|compiled for gfx9\d\d with triton "
-                       r"[\d.]+).*\b2026-\d\d-\d\d\b")
+                       r"[\d.]+|compiled and checked for sm_\d+ with triton [\d.]+)"
+                       r".*\b2026-\d\d-\d\d\b")
     for name, entry in _entries(tuning.DEFAULT):
         if isinstance(entry, tuning.Quantization):
             fields = {f.name for f in dataclasses.fields(entry)} - {"measured"}
@@ -96,3 +98,18 @@ def test_override_rejects_what_it_cannot_apply():
         with tuning.override(no_such_table={}):
             pass
     assert tuning.current() is tuning.DEFAULT
+
+
+def test_unmeasured_nvidia_tiles_say_so_and_measured_archs_name_gpu_and_date():
+    t = tuning.DEFAULT
+    assert sorted(t.nvidia_tiles) == ["sm_100", "sm_120", "sm_89"]
+    for arch, table in t.nvidia_tiles.items():
+        assert sorted(table) == [64, 128, 256], arch
+        for dp, tiles in table.items():
+            assert tiles.measured.startswith(f"compiled and checked for {arch} with triton"), dp
+            assert "not yet executed on the hardware" in tiles.measured, (arch, dp)
+            assert tiles.maxnreg is None and tiles.waves_per_eu is None, (arch, dp)
+    assert "sm_90" not in t.nvidia_tiles  # Hopper runs tuning.tiles, as measured
+    assert list(t.measured_archs) == ["sm_90"]
+    sm90 = t.measured_archs["sm_90"]
+    assert "H200" in sm90.gpus and re.fullmatch(r"2026-\d\d-\d\d", sm90.date)

@@ -57,7 +57,8 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "trito
     here): ``tuning.gluon_tiles`` (``gluon_causal_tiles`` for causal calls) for the
     warp-specialized kernel; for the Triton kernel ``tuning.tiles``, or ``two_term_tiles`` for
     a two-term ``recipe`` where it has them; on an AMD GPU (or the interpreter standing in for
-    one, ``fp8dit.device.interpret_as``) its architecture's ``tuning.hip_tiles``, for every
+    one, ``fp8dit.device.interpret_as``) its architecture's ``tuning.hip_tiles``, and on the
+    NVIDIA architectures other than sm_90 that have them ``tuning.nvidia_tiles``, for every
     recipe."""
     tuned = tuning.current()
     tgt = target_of(device)
@@ -66,6 +67,9 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "trito
         block_m, per_sm = GLUON_WS_BLOCK_M, GLUON_WS_PROGRAMS_PER_SM
     elif tgt.hip:
         tiles = tuned.hip_tiles[tgt.arch][head_dim_padded]
+        block_m, per_sm = tiles.block_m, tiles.programs_per_sm
+    elif head_dim_padded in tuned.nvidia_tiles.get(_nvidia_arch(tgt, device), {}):
+        tiles = tuned.nvidia_tiles[_nvidia_arch(tgt, device)][head_dim_padded]
         block_m, per_sm = tiles.block_m, tiles.programs_per_sm
     else:
         tiles = tuned.tiles[head_dim_padded]
@@ -78,6 +82,14 @@ def tile_config(head_dim_padded: int, device: torch.device, kernel: str = "trito
         # Interpreter: programs run one after another; a few still exercise the persistence.
         num_programs = 4
     return LaunchConfig(kernel, block_m, tiles.block_n, num_programs, tiles)
+
+
+def _nvidia_arch(tgt: Target, device: torch.device) -> str | None:
+    """The NVIDIA architecture whose tiles a call takes: the GPU's, or the one the
+    interpreter stands in for (None: the interpreter's own, sm_90's tiles)."""
+    if device.type == "cuda":
+        return dispatch.nvidia_arch_of(device)
+    return tgt.arch if tgt.arch.startswith("sm_") else None
 
 
 def plan_for(
@@ -180,15 +192,22 @@ def attention_stage(plan: Plan, launch: LaunchConfig, ws: Workspace,
     elif plan.n_work:
         tiles = launch.tiles
         tgt = target_of(out.device)
-        desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
-        desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
-        desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded), [Dp, BN])
         two_term = ws.q8lo is not None
-        if two_term:
-            desc_qlo = TensorDescriptor.from_tensor(ws.q8lo.view(-1, Dp), [BM, Dp])
-            desc_klo = TensorDescriptor.from_tensor(ws.k8lo.view(-1, Dp), [BN, Dp])
+        if tiles.ptr_loads:  # the tensors themselves, no descriptors (GPUs without TMA)
+            desc_q = desc_k = desc_v = desc_qlo = desc_klo = None
+            ptrs = dict(q_ptr=ws.q8, k_ptr=ws.k8, v_ptr=ws.v8t, qlo_ptr=ws.q8lo,
+                        klo_ptr=ws.k8lo, PTR_LOADS=True)
         else:
-            desc_qlo, desc_klo = desc_q, desc_k  # not read
+            desc_q = TensorDescriptor.from_tensor(ws.q8.view(-1, Dp), [BM, Dp])
+            desc_k = TensorDescriptor.from_tensor(ws.k8.view(-1, Dp), [BN, Dp])
+            desc_v = TensorDescriptor.from_tensor(ws.v8t.view(-1, plan.k_total_padded),
+                                                  [Dp, BN])
+            if two_term:
+                desc_qlo = TensorDescriptor.from_tensor(ws.q8lo.view(-1, Dp), [BM, Dp])
+                desc_klo = TensorDescriptor.from_tensor(ws.k8lo.view(-1, Dp), [BN, Dp])
+            else:
+                desc_qlo, desc_klo = desc_q, desc_k  # not read
+            ptrs = {}  # the kernel's defaults: the sm_90 launch as it always was
         attention_fwd_persistent_kernel[(plan.num_programs,)](
             desc_q, ws.q_scale, ws.q_corr, desc_k, ws.k_scale, desc_v, ws.v_scale, ws.v_mean,
             tabs["seq"], tabs["work"], tabs["work_indptr"],
@@ -199,7 +218,7 @@ def attention_stage(plan: Plan, launch: LaunchConfig, ws: Workspace,
             desc_qlo=desc_qlo, desc_klo=desc_klo, QK_TWO_TERM=two_term,
             P_SHIFT=tgt.fp8.p_shift, FP8_FNUZ=tgt.fp8.fnuz,
             num_warps=tiles.num_warps, num_stages=_num_stages(tiles, ws),
-            **_launch_options(tiles, tgt),
+            **_launch_options(tiles, tgt), **ptrs,
         )
     merge_stage(plan, ws, tabs, out, out_strides, lse, lse_strides)
 

@@ -5,13 +5,17 @@ The rest of the package asks here instead of reading capabilities itself:
 ==========  ======================  ====================  =======================================
 vendor      architecture            FP8 format            status
 ==========  ======================  ====================  =======================================
-NVIDIA      sm_89, sm_90 and newer  OCP e4m3 (e4m3fn)     run and measured (H100, H200)
+NVIDIA      sm_90 (H100, H200)      OCP e4m3 (e4m3fn)     run and measured (H100, H200)
+NVIDIA      sm_89, sm_100, sm_120   OCP e4m3 (e4m3fn)     compiled and checked, not yet run
+NVIDIA      other, 8.9 or newer     OCP e4m3 (e4m3fn)     neither compiled nor run
 AMD         gfx942 (MI300X/MI325X)  e4m3fnuz              compiled and checked, not yet run
 AMD         gfx950 (MI350X/MI355X)  OCP e4m3 (e4m3fn)     compiled and checked, not yet run
 ==========  ======================  ====================  =======================================
 
 Other GPUs (NVIDIA before sm_89, AMD gfx90a, RDNA) have no FP8 matrix instructions the
 kernels use: :func:`fp8_unsupported_reason` says so and ``auto`` runs SDPA there (docs/amd.md).
+On an NVIDIA architecture where nothing was timed ``auto`` runs SDPA too
+(:func:`fp8dit.dispatch.fp8_not_preferred_reason`, docs/gpus.md).
 
 ROCm builds of torch report AMD GPUs as ``device.type == "cuda"``; ``torch.version.hip`` tells
 them apart (:func:`is_hip`), and their "compute capability" is the gfx number (gfx90a reads
@@ -65,6 +69,11 @@ E4M3FNUZ = Fp8Format("e4m3fnuz", torch.float8_e4m3fnuz, 240.0, 224.0, 7.0, True)
 
 # NVIDIA compute capability with FP8 tensor cores (Ada 8.9, Hopper 9.0 and newer).
 NVIDIA_FP8_MIN_CAPABILITY = (8, 9)
+# NVIDIA architectures with tiles of their own (tuning.nvidia_tiles), compiled and checked
+# without the hardware (tests/test_nvidia_compile.py); sm_90 runs tuning.tiles.
+NVIDIA_CHECKED_ARCHS = ("sm_89", "sm_100", "sm_120")
+NVIDIA_NAMES = {"sm_89": "L40S, RTX 4090", "sm_90": "H100, H200", "sm_100": "B200",
+                "sm_120": "RTX 5090, RTX PRO 6000"}
 # AMD architectures the kernels are compiled and checked for (tests/test_hip_compile.py), and
 # their fp8 format.
 AMD_FP8_ARCHS = {"gfx942": E4M3FNUZ, "gfx950": E4M3FN}
@@ -83,7 +92,9 @@ class Target:
     instructions, None where it has none.
     """
 
-    arch: str  # "nvidia", "gfx942", "gfx950", other gfx names, or "interpreter"
+    # "nvidia" (a GPU: its capability names the architecture), "gfx942", "gfx950", other gfx
+    # names, "interpreter", or an NVIDIA architecture the interpreter stands in for ("sm_89")
+    arch: str
     hip: bool
     fp8: Fp8Format | None
     warp_size: int
@@ -119,6 +130,12 @@ def amd_target(arch: str, interpreted: bool = False) -> Target:
                   interpreted=interpreted, lds_bytes=AMD_LDS_BYTES.get(arch))
 
 
+def nvidia_arch(capability: tuple[int, int]) -> str:
+    """An NVIDIA compute capability as the architecture name tables are keyed by: (8, 9) ->
+    ``"sm_89"``, (10, 0) -> ``"sm_100"`` (compiled for as sm_100a)."""
+    return f"sm_{capability[0]}{capability[1]}"
+
+
 def _gpu_index(dev: torch.device) -> int:
     return dev.index if dev.index is not None else torch.cuda.current_device()
 
@@ -142,13 +159,21 @@ def target_of(dev: torch.device) -> Target:
 
 @contextlib.contextmanager
 def interpret_as(arch: str):
-    """Run CPU tensors (Triton's interpreter) as AMD ``arch`` would run: its FP8 format, tiles
-    and launch options, so the CPU tests cover them (``gfx942``: the fnuz format). The
-    interpreter's own arithmetic is unchanged. For tests; not thread-safe."""
-    if arch not in AMD_FP8_ARCHS:
+    """Run CPU tensors (Triton's interpreter) as ``arch`` would run: an AMD architecture's
+    FP8 format, tiles and launch options (``gfx942``: the fnuz format), or an NVIDIA one's
+    tiles (:data:`NVIDIA_CHECKED_ARCHS`), so the CPU tests cover them. The interpreter's own
+    arithmetic is unchanged. For tests; not thread-safe."""
+    if arch.startswith("sm_"):
+        if arch not in NVIDIA_CHECKED_ARCHS:
+            raise ValueError(f"arch: expected one of {', '.join(NVIDIA_CHECKED_ARCHS)}, "
+                             f"got {arch!r}")
+        tgt = Target(arch, hip=False, fp8=E4M3FN, warp_size=32, interpreted=True)
+    elif arch not in AMD_FP8_ARCHS:
         raise ValueError(f"arch: expected one of {', '.join(AMD_FP8_ARCHS)}, got {arch!r}")
+    else:
+        tgt = amd_target(arch, interpreted=True)
     old = _INTERPRET_AS.get("target")
-    _INTERPRET_AS["target"] = amd_target(arch, interpreted=True)
+    _INTERPRET_AS["target"] = tgt
     try:
         yield _INTERPRET_AS["target"]
     finally:

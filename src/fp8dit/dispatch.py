@@ -2,7 +2,8 @@
 
 Each requirement check returns ``None`` when a backend or kernel can run or a reason string
 when it cannot (FlashInfer's ``backend_requirement`` idea). ``auto`` takes FP8 where it can
-run and measured faster than SDPA (``tuning.crossovers``), logging once why it did not; a
+run and measured faster than SDPA (``tuning.crossovers``, on the NVIDIA architectures of
+``tuning.measured_archs``; SDPA on the others), logging once why it did not; a
 backend asked for by name raises :class:`BackendUnavailableError` with the reason instead. The
 FP8 path's kernel (:func:`choose_kernel`) is decided here too, from the same table, and the
 plan and the launch take it. Which GPUs can run the FP8 path at all is :mod:`fp8dit.device`'s
@@ -19,7 +20,7 @@ import torch
 
 from . import env, tuning
 from .device import fp8_unsupported_reason as device_fp8_unsupported_reason
-from .device import is_hip, target_of
+from .device import is_hip, nvidia_arch, target_of
 from .plan import MAX_HEAD_DIM, padded_head_dim
 from .recipes import Recipe, get_recipe
 
@@ -56,6 +57,11 @@ def _capability(index: int) -> tuple[int, int]:
 def _device_capability(device: torch.device) -> tuple[int, int]:
     return _capability(device.index if device.index is not None
                        else torch.cuda.current_device())
+
+
+def nvidia_arch_of(device: torch.device) -> str:
+    """An NVIDIA GPU's architecture name (``"sm_89"``), from its cached capability."""
+    return nvidia_arch(_device_capability(device))
 
 
 def _probe_triton() -> str | None:
@@ -167,11 +173,32 @@ def choose_kernel(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe
                         f"{release.date})")
 
 
+def unmeasured_arch_reason(arch: str) -> str | None:
+    """Why ``auto`` runs SDPA on an NVIDIA architecture where FP8 was never timed (None: it
+    was, ``tuning.measured_archs``). One line, the same for every call on the GPU, so it is
+    logged once."""
+    tuned = tuning.current()
+    if arch in tuned.measured_archs:
+        return None
+    timed = "; ".join(f"{a} ({m.gpus}, {m.date})" for a, m in tuned.measured_archs.items())
+    if arch in tuned.nvidia_tiles:
+        return (f"FP8 compiled and checked for {arch} but never timed there (timed on "
+                f"{timed or 'no GPU'}); backend='fp8' runs it")
+    return (f"FP8 neither compiled nor timed for {arch} (timed on {timed or 'no GPU'}); "
+            "backend='fp8' runs it with sm_90's tiles")
+
+
 def fp8_not_preferred_reason(q, kernel: str, tokens: float) -> str | None:
     """For ``backend="auto"``: why SDPA is preferred although FP8 can run (measured faster
-    there, ``tuning.crossovers``), else None. CPU (interpreter) calls are never redirected."""
+    there, ``tuning.crossovers``; on an NVIDIA architecture where nothing was timed, always,
+    :func:`unmeasured_arch_reason`), else None. CPU (interpreter) calls are never
+    redirected."""
     if q.device.type != "cuda":
         return None
+    if not is_hip():
+        unmeasured = unmeasured_arch_reason(nvidia_arch_of(q.device))
+        if unmeasured is not None:
+            return unmeasured
     dp = padded_head_dim(q.shape[-1])
     cross = tuning.current().crossovers[dp]
     floor = cross.gluon_ws if kernel == "gluon-ws" else cross.triton

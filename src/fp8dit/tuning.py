@@ -8,8 +8,9 @@ carries the measurement that chose it (``measured``: GPU, date, what was compare
 :mod:`fp8dit.key_padding` (the mask-reading kernels) and :func:`fp8dit.dispatch.choose`
 (which backend and kernel a call runs).
 
-AMD GPUs (``hip_tiles``) have tiles compiled and checked for them, not yet measured: their
-reasons say so (docs/amd.md).
+AMD GPUs (``hip_tiles``) and NVIDIA GPUs other than Hopper (``nvidia_tiles``: sm_89, sm_100,
+sm_120) have tiles compiled and checked for them, not yet measured: their reasons say so
+(docs/amd.md, docs/gpus.md). ``measured_archs`` lists where the crossovers were timed.
 
 Benchmarks and tests vary it for a block of code, in this thread or task only::
 
@@ -31,6 +32,7 @@ __all__ = [
     "Crossover",
     "GluonTiles",
     "MaskTiles",
+    "MeasuredArch",
     "Quantization",
     "Table",
     "TritonTiles",
@@ -95,6 +97,9 @@ class TritonTiles:
     maxnreg: int | None  # registers per thread at most (None: as ptxas likes; NVIDIA only)
     measured: str
     waves_per_eu: int | None = None  # AMD only: the occupancy the HIP compiler aims at
+    # Q, K and V tiles through pointers, not tensor descriptors (the kernel's PTR_LOADS): for
+    # GPUs without TMA, where Triton lowers descriptors to byte-wide loads
+    ptr_loads: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,17 @@ class VerifiedRelease:
 
 
 @dataclass(frozen=True)
+class MeasuredArch:
+    """An NVIDIA architecture where the FP8 path was run and timed against SDPA: ``auto``
+    takes FP8 there from ``Tuning.crossovers``. On any other architecture ``auto`` runs SDPA
+    and says why (:func:`fp8dit.dispatch.fp8_not_preferred_reason`)."""
+
+    gpus: str
+    date: str
+    measured: str
+
+
+@dataclass(frozen=True)
 class Tuning:
     tiles: Mapping[int, TritonTiles]  # one-term recipes, by padded head dim
     # AMD GPUs (fp8dit.device): by architecture, then padded head dim, every recipe
@@ -177,6 +193,11 @@ class Tuning:
     quantization: Quantization
     mask_bytes: MaskTiles  # masks read byte by byte (any strides)
     mask_words: MaskTiles  # masks whose rows are contiguous, read as int32 words
+    # NVIDIA architectures other than sm_90 (fp8dit.device.NVIDIA_CHECKED_ARCHS): by
+    # architecture ("sm_89"), then padded head dim, every recipe; compiled, not measured
+    nvidia_tiles: Mapping[str, Mapping[int, TritonTiles]]
+    # where the crossovers were measured ("sm_90"); auto runs SDPA on the others
+    measured_archs: Mapping[str, MeasuredArch]
 
 
 _TWO_TERM = ("sm_90 SASS (triton 3.9), 2026-12-02: the one-term tiles spilled in the kv loop "
@@ -213,6 +234,45 @@ _HIP_TILES = {
 def _hip(arch: str, dp: int, block_m: int, block_n: int, stages: int) -> TritonTiles:
     return TritonTiles(block_m, block_n, 8, stages, 1, None,
                        _HIP % arch + _HIP_TILES[arch, dp], waves_per_eu=2)
+
+
+# NVIDIA GPUs other than Hopper: compiled, not run (docs/gpus.md). The starting point is
+# sm_90's tiles without its register cap (tuned for three H200 programs per SM). Changed where
+# the compiled kv loops spilled, loaded K and V one byte at a time, or laid the four warps side
+# by side across columns (a barrier-bound row reduction through shared memory); instructions
+# and spills are per thread and kv step.
+_NV = ("compiled and checked for %s with triton 3.9.0 on 2026-12-06 "
+       "(tests/test_nvidia_compile.py); not yet executed on the hardware; ")
+_NV_TILES = {
+    ("sm_89", 64): "pointer loads (16 bytes wide, cp.async), 64 x 64: no spills in the kv loops "
+                   "(350 instructions per 64-key step with triton 3.9)",
+    ("sm_89", 128): "pointer loads, 128 x 64 with 8 warps: no spills (453 instructions per "
+                    "step, 2 barriers), where 64 x 64 with 4 warps laid them side by side (98 "
+                    "barriers, 949 instructions) and the descriptors' byte loads spilled ~400",
+    ("sm_89", 256): "pointer loads, 64 x 32: no spills in the kv loops (772 instructions), 34 "
+                    "barriers per step as the warps split the 256 columns; 64 x 64 spilled 20",
+    ("sm_100", 64): "TMA and tcgen05, 64 x 128 without sm_90's register cap: no spills in the "
+                    "kv loops (539 instructions), where the cap of 168 spilled 62 in the "
+                    "masked loop",
+    ("sm_100", 128): "sm_90's 64 x 128 with 3 stages: no spills (608 instructions, 105 KB of "
+                     "shared memory, 256 TMEM columns)",
+    ("sm_100", 256): "128 x 64 with 8 warps: no spills in the kv loops (594 instructions), "
+                     "where 64 x 64 spilled 32 in the masked loop; all 512 TMEM columns",
+    ("sm_120", 64): "TMA, 64 x 64: no spills (381 instructions)",
+    ("sm_120", 128): "TMA, 128 x 64 with 8 warps: no spills (474 instructions, 6 barriers), "
+                     "where 64 x 128 laid the four warps side by side (~134 barriers, 83-125 "
+                     "spills per step)",
+    ("sm_120", 256): "pointer loads, 64 x 32: no spills in the kv loops (756 instructions, 34 "
+                     "barriers), where TMA spilled 78 per step",
+}
+
+
+def _nv(arch: str, dp: int, block_m: int, block_n: int, warps: int, stages: int,
+        ptr_loads: bool) -> TritonTiles:
+    # as many programs per SM as its 65,536 registers hold at the 255 a thread these take:
+    # two of 4 warps, one of 8
+    return TritonTiles(block_m, block_n, warps, stages, 8 // warps, None,
+                       _NV % arch + _NV_TILES[arch, dp], ptr_loads=ptr_loads)
 
 
 DEFAULT = Tuning(
@@ -299,6 +359,22 @@ DEFAULT = Tuning(
     mask_words=MaskTiles(32, 128, 1,
                          "H200, 2026-12-04: 0.92 ms at HunyuanVideo 1.5 480p, 16 x 256 words "
                          "with 4 warps the same"),
+    nvidia_tiles=Table({
+        "sm_89": Table({64: _nv("sm_89", 64, 64, 64, 4, 2, True),
+                        128: _nv("sm_89", 128, 128, 64, 8, 2, True),
+                        256: _nv("sm_89", 256, 64, 32, 4, 2, True)}),
+        "sm_100": Table({64: _nv("sm_100", 64, 64, 128, 4, 2, False),
+                         128: _nv("sm_100", 128, 64, 128, 4, 3, False),
+                         256: _nv("sm_100", 256, 128, 64, 8, 2, False)}),
+        "sm_120": Table({64: _nv("sm_120", 64, 64, 64, 4, 2, False),
+                         128: _nv("sm_120", 128, 128, 64, 8, 2, False),
+                         256: _nv("sm_120", 256, 64, 32, 4, 2, True)}),
+    }),
+    measured_archs=Table({
+        "sm_90": MeasuredArch("NVIDIA H100, H200", "2026-12-04",
+                              "H200, 2026-12-02 to 2026-12-04: the tiles and crossovers of "
+                              "this module timed against SDPA cuDNN"),
+    }),
 )
 
 # A plain dict, not a ContextVar: torch.compile traces current() (through the dispatcher), and

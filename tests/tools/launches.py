@@ -3,7 +3,8 @@
 ``record(monkeypatch, calls)`` replaces every kernel the FP8 path launches (quantization,
 attention, split-KV merge, mask statistics) by a recorder, runs ``calls()``, and returns each
 distinct launch once: module, kernel name, argument types, constexprs and launch options, what
-``triton.compile`` needs (tests/tools/hip_compile.py).
+``triton.compile`` needs (tests/tools/hip_compile.py), and which arguments the launcher would
+specialize as divisible by 16.
 ``execute=False`` records without running the kernels: the host code decides every launch from
 shapes alone, so the outputs (left unwritten) do not change what is recorded.
 """
@@ -47,6 +48,15 @@ def arg_type(value) -> str:
     raise TypeError(f"unexpected kernel argument {type(value).__name__}")
 
 
+def _divisible_by_16(value) -> bool:
+    """Whether Triton's launcher specializes the argument as divisible by 16 (a pointer
+    16-byte aligned, an integer multiple of 16): what lets pointer loads be 16 bytes wide.
+    tests/tools/nvidia_compile.py compiles with it; the other tools read descriptors only."""
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+
+
 class Recorder:
     """Stands in for a jitted kernel: ``kernel[grid](...)`` appends the launch to ``sink`` and
     runs it (interpreted)."""
@@ -70,7 +80,7 @@ class Recorder:
             bound = dict(self.defaults)
             bound.update(zip(self.names, args))
             bound.update(kwargs)
-            sig, const = {}, {}
+            sig, const, aligned = {}, {}, []
             for n in self.names:
                 if n in self.constexpr:
                     sig[n] = "constexpr"
@@ -80,8 +90,11 @@ class Recorder:
                     sig[n], const[n] = "constexpr", None
                 else:
                     sig[n] = arg_type(bound[n])
+                    if _divisible_by_16(bound[n]):
+                        aligned.append(n)
             self.sink.append(dict(module=self.module, name=self.name, signature=sig,
-                                  constexprs=const, num_warps=opts.get("num_warps", 4),
+                                  constexprs=const, aligned=aligned,
+                                  num_warps=opts.get("num_warps", 4),
                                   num_stages=opts.get("num_stages", 3),
                                   maxnreg=opts.get("maxnreg"),
                                   waves_per_eu=opts.get("waves_per_eu")))

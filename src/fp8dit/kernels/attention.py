@@ -9,6 +9,15 @@ Q, K and V tiles arrive through tensor descriptors (TMA on Hopper): no per-eleme
 registers, asynchronous copies that the compiler pipelines over ``num_stages`` buffers. (On AMD
 GPUs Triton lowers the host descriptors to ordinary global loads.)
 
+``PTR_LOADS`` (GPUs without TMA, sm_89): the tiles are read through pointers instead
+(``q_ptr``, ``k_ptr``, ``v_ptr`` and the two-term residuals' ``qlo_ptr``, ``klo_ptr``: the
+same workspace tensors the descriptors view). Below sm_90 Triton lowers a descriptor load to
+per-element loads whose alignment it cannot see: with triton 3.9 K and V arrived one byte at a
+time (256 ``LDG.E.U8`` per thread per kv step at D=128) and spilled ~400 registers a step.
+Rows of DP bytes and V^T's rows of ``Tk_pad`` (a multiple of the kv block) keep 16-byte vector
+loads that Triton pipelines with ``cp.async``. The default (descriptors) is the sm_90 code,
+unchanged.
+
 Inner loop per kv block b (scores kept in log2 units, scales folded):
     s = dot(q8, k8^T)                        int8 x int8 -> int32 (or fp8 x fp8 -> fp32)
     t = s * (q_scale[row] * k_scale[b])      q_scale already holds softmax_scale * log2(e)
@@ -74,6 +83,26 @@ def _row_sum(x, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(ptr, row, offs_r, COLS: tl.constexpr):
+    """Rows ``row + offs_r`` of a row-major matrix ``COLS`` wide (``PTR_LOADS``: Q and K). The
+    tiles lie inside the plan's padded buffers, so no mask. The row offset is 64-bit, once per
+    tile: heads x padded tokens x DP can pass 2^31."""
+    base = ptr + row.to(tl.int64) * COLS
+    return tl.load(base + offs_r[:, None] * COLS + tl.arange(0, COLS)[None, :])
+
+
+@triton.jit
+def _load_vt(ptr, row, col, ROWS: tl.constexpr, COLS: tl.constexpr, stride):
+    """The [ROWS, COLS] tile at (``row``, ``col``) of V^T, ``stride`` (the padded key count)
+    wide (``PTR_LOADS``). Both are multiples of the kv block, so of 16. The launcher tells
+    Triton so of ``stride`` (an argument divisible by 16); ``col`` is written as a multiple of
+    16 (a no-op on its value) because a ``tl.multiple_of`` hint on it did not survive to the
+    loads: with it V still arrived one byte at a time (triton 3.9, sm_89)."""
+    base = ptr + row.to(tl.int64) * stride + (col // 16) * 16
+    return tl.load(base + tl.arange(0, ROWS)[:, None] * stride + tl.arange(0, COLS)[None, :])
+
+
+@triton.jit
 def _attn_block(
     acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row, v_row, v_col, k_scale,
     kb, kv_col0, rows, k_len, offs_n,
@@ -81,14 +110,21 @@ def _attn_block(
     SOFT_FP8_CAST: tl.constexpr, PV_BF16: tl.constexpr,
     qlo=None, desc_klo=None, QK_TWO_TERM: tl.constexpr = False,
     P_SHIFT: tl.constexpr = 8.0, FP8_FNUZ: tl.constexpr = False,
+    k_ptr=None, v_ptr=None, klo_ptr=None, Tk_pad=0, PTR_LOADS: tl.constexpr = False,
 ):
     BLOCK_N: tl.constexpr = offs_n.shape[0]
-    k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
+    if PTR_LOADS:
+        k = _load_rows(k_ptr, k_row, offs_n, q.shape[1])
+    else:
+        k = desc_k.load([k_row, 0])  # [BLOCK_N, DP] int8 or fp8
     c = q_scale * k_scale  # [BLOCK_M], > 0
     if QK_TWO_TERM:
         # |LO_SCALE * hi.hi| <= 254 * DP * 127^2 < 2^31 for DP <= 256; the float conversion
         # keeps fp32's relative precision (the magic offset below would not: it is ~1e7).
-        klo = desc_klo.load([k_row, 0])
+        if PTR_LOADS:
+            klo = _load_rows(klo_ptr, k_row, offs_n, q.shape[1])
+        else:
+            klo = desc_klo.load([k_row, 0])
         s_x = tl.dot(q, klo.T, out_dtype=tl.int32)
         s_x = tl.dot(qlo, k.T, s_x, out_dtype=tl.int32)
         s_i = tl.dot(q, k.T, out_dtype=tl.int32) * LO_SCALE_INT + s_x
@@ -121,7 +157,10 @@ def _attn_block(
     if PV_BF16:
         acc_alpha = alpha
         p16 = to_bf16(p, SOFT_FP8_CAST)
-        vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] bf16
+        if PTR_LOADS:
+            vt = _load_vt(v_ptr, v_row, v_col, q.shape[1], BLOCK_N, Tk_pad)
+        else:
+            vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] bf16
         if SOFT_FP8_CAST:
             # Triton's interpreter multiplies bf16 operands as their raw uint16 bits; in fp32
             # the products of bf16 values are exact, so this is the same dot.
@@ -132,7 +171,10 @@ def _attn_block(
         # From block kb-1's V grid frame to block kb's (a scalar per block).
         acc_alpha = alpha * tl.math.exp2(v_block_log2_scale(kb - 1) - v_block_log2_scale(kb))
         p8 = p_to_fp8(p, SOFT_FP8_CAST, FP8_FNUZ)  # p <= 2^P_SHIFT: no clamp needed
-        vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
+        if PTR_LOADS:
+            vt = _load_vt(v_ptr, v_row, v_col, q.shape[1], BLOCK_N, Tk_pad)
+        else:
+            vt = desc_v.load([v_row, v_col])  # [DP, BLOCK_N] fp8: V transposed, K-major for the dot
         pv = tl.dot(p8, vt.T)
     acc = acc * acc_alpha[:, None] + pv
     return acc, l_i, m_new
@@ -151,6 +193,8 @@ def attention_fwd_persistent_kernel(
     IS_CAUSAL: tl.constexpr, QK_INT8: tl.constexpr, SOFT_FP8_CAST: tl.constexpr,
     PV_BF16: tl.constexpr, desc_qlo=None, desc_klo=None, QK_TWO_TERM: tl.constexpr = False,
     P_SHIFT: tl.constexpr = 8.0, FP8_FNUZ: tl.constexpr = False,
+    q_ptr=None, k_ptr=None, v_ptr=None, qlo_ptr=None, klo_ptr=None,
+    PTR_LOADS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     w_begin = tl.load(work_indptr_ptr + pid)
@@ -177,8 +221,13 @@ def attention_fwd_persistent_kernel(
         row0 = qt * BLOCK_M
         rows = row0 + offs_m
         q_row = h * Tq_pad + q_pad + row0  # row of the [H * Tq_pad, DP] q view
-        q = desc_q.load([q_row, 0])
-        if QK_TWO_TERM:
+        if PTR_LOADS:
+            q = _load_rows(q_ptr, q_row, offs_m, DP)
+        else:
+            q = desc_q.load([q_row, 0])
+        if QK_TWO_TERM and PTR_LOADS:
+            qlo = _load_rows(qlo_ptr, q_row, offs_m, DP)
+        elif QK_TWO_TERM:
             qlo = desc_qlo.load([q_row, 0])
         else:
             qlo = q  # unused
@@ -203,7 +252,7 @@ def attention_fwd_persistent_kernel(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
                 False, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16, qlo, desc_klo, QK_TWO_TERM,
-                P_SHIFT, FP8_FNUZ,
+                P_SHIFT, FP8_FNUZ, k_ptr, v_ptr, klo_ptr, Tk_pad, PTR_LOADS,
             )
         for kb in range(hi_fast, kv_hi):
             col0 = kb * BLOCK_N
@@ -211,7 +260,7 @@ def attention_fwd_persistent_kernel(
                 acc, l_i, m_i, q, q_scale, desc_k, desc_v, k_row0 + col0, v_row,
                 k_pad + col0, tl.load(ks_base + kb), kb, col0, rows, k_len, offs_n,
                 True, IS_CAUSAL, QK_INT8, SOFT_FP8_CAST, PV_BF16, qlo, desc_klo, QK_TWO_TERM,
-                P_SHIFT, FP8_FNUZ,
+                P_SHIFT, FP8_FNUZ, k_ptr, v_ptr, klo_ptr, Tk_pad, PTR_LOADS,
             )
 
         vbase = (b * Hkv + hk) * DP
