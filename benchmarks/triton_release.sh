@@ -6,7 +6,9 @@
 # Usage: bash benchmarks/triton_release.sh OUTDIR [PACK.tar.xz]
 #   PACK: a release packed by shared/tools/slim_triton.sh (unpacked and put first on the path);
 #   without it, the installed Triton.
-#   STEPS (default "check bench ncu"), PRESETS (the bench's), NCU_SET (default full).
+#   STEPS (default "check bench ncu"), KERNELS (bench's, default "gluon-ws triton"), PRESETS
+#   (the bench's), ROUNDS (default 2), NCU_SET (default full) or NCU_SECTIONS (ncu's
+#   --section arguments, instead of a set).
 set -u
 out=${1:?usage: triton_release.sh OUTDIR [PACK.tar.xz]}
 pack=${2:-}
@@ -23,7 +25,7 @@ rel=$(python3 -c "import triton; print(triton.__version__)")
 o=$out/triton-$rel
 mkdir -p "$o"
 # a cache of this release's own: the SASS below is what this run compiled
-export TRITON_CACHE_DIR=/tmp/triton-cache-$rel
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache-$rel}
 python3 - <<'EOF' | tee "$o/versions.txt"
 import torch, triton
 from triton.backends.nvidia import compiler as c
@@ -41,7 +43,7 @@ for step in $steps; do
       python3 "$root/benchmarks/kernel_release.py" check > "$o/check.jsonl" 2> "$o/check.err"
       echo "check rc=$? $((SECONDS - s))s"; cat "$o/check.jsonl" ;;
     bench)
-      for kernel in gluon-ws triton; do
+      for kernel in ${KERNELS:-gluon-ws triton}; do
         FP8DIT_KERNEL=$kernel python3 -m fp8dit bench --preset "$presets" \
           --backends fp8dit,fp8dit-kernel,sdpa-cudnn --rounds "${ROUNDS:-2}" --max-ms 800 \
           --out-json "$o/bench-$kernel.json" > "$o/bench-$kernel.txt" 2>&1
@@ -49,7 +51,7 @@ for step in $steps; do
       done ;;
     ncu)
       ncu --clock-control none -k regex:attention_fwd_sm90_ws --launch-skip 1 --launch-count 1 \
-        --set "${NCU_SET:-full}" --import-source no -f -o "$o/ws" \
+        ${NCU_SECTIONS:---set ${NCU_SET:-full}} --import-source no -f -o "$o/ws" \
         python3 "$root/benchmarks/kernel_release.py" profile --kernel gluon-ws \
         > "$o/ncu.log" 2>&1
       echo "ncu rc=$? $((SECONDS - s))s"; tail -n 5 "$o/ncu.log"
