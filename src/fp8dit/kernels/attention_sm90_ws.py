@@ -219,12 +219,6 @@ def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_
 # and with 3.9 the copy leaves the main loop as it is and adds 8 spills to the tail loop
 # (sm_90 SASS, docs/triton_releases.md).
 TAIL_OWN_RANGE = gl.constexpr(".".join(triton.__version__.split(".")[:2]) == "3.8")
-# Not timed: FP8DIT_EXP_NOBAR=1 drops the warpgroup barrier before the kv-slot release, which
-# triton 3.8 and 3.9 lower with a barrier of their own (docs/triton_releases.md). Never on
-# triton 3.6, whose release has no barrier.
-import os as _os
-EXP_NOBAR = gl.constexpr(_os.environ.get("FP8DIT_EXP_NOBAR") == "1"
-                         and ".".join(triton.__version__.split(".")[:2]) != "3.6")
 
 
 @gluon.jit
@@ -456,8 +450,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
     acc_m = acc_m * gl.expand_dims(step, 1) + acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
-    if not EXP_NOBAR:
-        _cta_barrier()
+    _cta_barrier()
     mbarrier.arrive(kv_empty.index(slot))
     if SPLIT_KV:
         mbarrier.arrive(v_empty.index(slot))
