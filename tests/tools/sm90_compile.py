@@ -2,6 +2,7 @@
 
     python tests/tools/sm90_compile.py launches.json
     python tests/tools/sm90_compile.py --gluon          # the warp-specialized Gluon kernel
+    python tests/tools/sm90_compile.py --gluon --dump DIR   # and its TTGIR, LLVM IR, PTX, SASS
 
 Reads launches recorded by tests/test_sm90_compile.py (argument types, constexprs, warps,
 stages), compiles each kernel with Triton's own compiler for an H100/H200 target, disassembles
@@ -105,10 +106,11 @@ def _loop_report(body: list[str]) -> dict:
     }
 
 
-def gluon_attention_report(dp: int, causal: bool) -> dict:
+def gluon_attention_report(dp: int, causal: bool, dump: str | None = None) -> dict:
     """Compile ``kernels.attention_sm90_ws`` for sm_90 as the dispatcher launches it at padded
     head dim ``dp`` (``tuning.gluon_tiles``, ``gluon_causal_tiles`` when ``causal``) and
-    describe its kv loops' SASS (:func:`_loop_report`)."""
+    describe its kv loops' SASS (:func:`_loop_report`). ``dump``: a folder that receives the
+    compiled stages (``D<dp>-<dense|causal>.ttgir``, ``.llir``, ``.ptx``, ``.sass``)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -139,16 +141,25 @@ def gluon_attention_report(dp: int, causal: bool) -> dict:
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     out = {"dp": dp, "causal": causal, "block_n": tiles.block_n,
            "shared": ck.metadata.shared, "loops": []}
-    out["loops"] = [_loop_report(body) for body in mma_loops(_disassemble(ck.asm["cubin"]))]
+    sass = _disassemble(ck.asm["cubin"])
+    out["loops"] = [_loop_report(body) for body in mma_loops(sass)]
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        stem = os.path.join(dump, f"D{dp}-{'causal' if causal else 'dense'}")
+        for ext in ("ttgir", "llir", "ptx"):
+            with open(f"{stem}.{ext}", "w") as f:
+                f.write(ck.asm[ext])
+        with open(f"{stem}.sass", "w") as f:
+            f.write(sass)
     return out
 
 
-def main(path: str) -> int:
+def main(path: str, dump: str | None = None) -> int:
     if path == "--gluon":
         for dp in (64, 128):
             for causal in (False, True):
                 try:
-                    rep = dict(ok=True, **gluon_attention_report(dp, causal))
+                    rep = dict(ok=True, **gluon_attention_report(dp, causal, dump))
                 except Exception as e:  # noqa: BLE001 - reported to the test
                     rep = dict(ok=False, dp=dp, causal=causal,
                                error=f"{type(e).__name__}: {str(e)[:2000]}")
@@ -182,4 +193,6 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    dump = args[args.index("--dump") + 1] if "--dump" in args else None
+    sys.exit(main(args[0], dump))
