@@ -115,3 +115,47 @@ def test_interpret_as_nvidia_checks_the_name():
     with pytest.raises(ValueError, match="expected one of sm_89, sm_100, sm_120, got 'sm_90'"):
         with device.interpret_as("sm_90"):
             pass
+
+
+@pytest.mark.parametrize("recipe,kb", [("int8qk-fp8pv-rot", 320), ("int8qk-fp8pv-bal", 320),
+                                       ("int8qk-bf16pv-bal", 320), ("int8x2qk-fp8pv", 640)])
+def test_rotation_past_sm90_shared_memory_is_refused(nvidia_gpu, recipe, kb):
+    """The rotated recipes' quantization at padded head dim 256 needs more shared memory than
+    an sm_90 program may hold (227 KB; compiled, tests/test_sm90_compile.py): ``fp8`` says so
+    instead of failing at launch, ``auto`` runs SDPA saying why. Up to 128 they run FP8."""
+    nvidia_gpu["value"] = (9, 0)
+    rec = fp8dit.recipes.RECIPES[recipe]
+
+    def choose(backend, d):
+        q = SimpleNamespace(device=GPU, shape=(1, 75600, 2, d), dtype=torch.bfloat16,
+                            requires_grad=False)
+        return dispatch.choose(backend, q, q, q, is_causal=False, q_lens=[75600],
+                               k_lens=[75600], recipe=rec)
+
+    why = (rf"recipe '{recipe}': its Hadamard rotation at padded head dim 256 needs {kb} KB "
+           r".* more than sm_90 has \(227 KB\)")
+    for d in (200, 256):
+        with pytest.raises(dispatch.BackendUnavailableError, match=why):
+            choose("fp8", d)
+        auto = choose("auto", d)
+        assert auto.backend == "sdpa" and "Hadamard rotation" in auto.reason
+    for d in (64, 128):
+        assert choose("fp8", d).backend == "fp8" and choose("auto", d).backend == "fp8"
+    # the same head dim without rotation, and the rotation where nothing was compiled past
+    # the shared memory (sm_89's tiles are checked on CPU tensors only)
+    plain = SimpleNamespace(device=GPU, shape=(1, 8, 2, 256), dtype=torch.bfloat16,
+                            requires_grad=False)
+    assert dispatch.choose("fp8", plain, plain, plain, is_causal=False, q_lens=[8],
+                           k_lens=[8], recipe=fp8dit.recipes.RECIPES["int8qk-fp8pv"]).backend \
+        == "fp8"
+    nvidia_gpu["value"] = (10, 0)
+    assert choose("fp8", 256).backend == "fp8"
+
+
+def test_rotation_at_head_dim_256_runs_on_cpu_tensors(monkeypatch):
+    """Triton's interpreter has no shared memory limit: the rotated recipes run there at any
+    head dim."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = make_qkv(1, 2, 40, 200, seed=0)
+    out = fp8dit.attention(q, k, v, backend="fp8", recipe="int8qk-fp8pv-rot")
+    assert error_stats(out, attention_ref(q, k, v)).rel_l1 < 0.05

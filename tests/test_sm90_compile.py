@@ -21,7 +21,7 @@ import torch
 import triton
 
 import fp8dit
-from fp8dit import attend, quantize, tuning
+from fp8dit import attend, device, quantize, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
@@ -155,3 +155,39 @@ def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
     assert not [op for op in ops if op.startswith(("STG.E.U8", "STG.E.U16", "LDL", "STL"))], ops
     if args[0] != "stats":
         assert ops.get("STG.E.128", 0) >= 2, ops
+
+
+def test_rotation_shared_memory_on_sm90_is_as_recorded(monkeypatch, tmp_path):
+    """The rotated recipes' quantization launches, compiled for sm_90: at padded head dim 256
+    they need more shared memory than a program may hold (the dispatcher refuses them there,
+    from ``device.ROTATION_SHARED_BYTES``), up to 128 they fit. The recorded bytes are the
+    largest launch's per head dim and QK terms, on the releases they were compiled with."""
+
+    def calls():
+        g = torch.Generator().manual_seed(0)
+        for name, recipe in RECIPES.items():
+            if recipe.rotate:
+                for D in (64, 128, 256):
+                    q = torch.randn(1, 150, 2, D, generator=g).bfloat16()
+                    fp8dit.attention(q, q, q, backend="fp8", recipe=name)
+
+    launches = [r for r in record(monkeypatch, calls, execute=False)
+                if r["name"].startswith("quantize_") and r["constexprs"].get("ROTATE")]
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps(launches))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tool = os.path.join(os.path.dirname(__file__), "tools", "sm90_compile.py")
+    proc = subprocess.run([sys.executable, tool, str(path)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(launches) and all(r["ok"] for r in results), proc.stderr[-3000:]
+    largest: dict = {}
+    for r in results:
+        key = (r["constexprs"]["DP"], 2 if r["constexprs"]["TWO_TERM"] else 1)
+        largest[key] = max(largest.get(key, 0), r["shared"])
+    limit = device.NVIDIA_SHARED_BYTES["sm_90"]
+    assert set(largest) == set(device.ROTATION_SHARED_BYTES)
+    for (dp, terms), need in largest.items():
+        assert (need > limit) == (dp == 256), (dp, terms, need)
+    if ".".join(triton.__version__.split(".")[:2]) in ("3.6", "3.8", "3.9"):
+        assert largest == device.ROTATION_SHARED_BYTES

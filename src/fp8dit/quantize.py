@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import env, tuning
-from .device import fp8_format, target_of
+from .device import fp8_format, rotation_unfit_reason, target_of
 from .kernels.quantize import (
     N_STATS,
     ROPE_FOUR,
@@ -101,11 +101,10 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     soft = env.triton_interpret()
     tgt, fmt = target_of(dev), fp8_format(dev)
-    if recipe.rotate and tgt.lds_bytes and 4 * Dp * Dp > tgt.lds_bytes:
-        raise ValueError(
-            f"recipe {recipe.name!r}: its Hadamard rotation at padded head dim {Dp} holds a "
-            f"{4 * Dp * Dp // 1024} KB fp32 matrix in shared memory, more than {tgt.arch} has "
-            f"({tgt.lds_bytes // 1024} KB); use a recipe without rotation at this head dim")
+    # NVIDIA GPUs are refused earlier, by the dispatcher (which knows their architecture)
+    unfit = rotation_unfit_reason(tgt.arch, Dp, recipe) if tgt.hip else None
+    if unfit is not None:
+        raise ValueError(unfit)
     qk_int8 = recipe.qk == "int8"
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
