@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import importlib
-import json
 import os
 import re
 import sys
@@ -22,6 +21,9 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(__file__))
+from compile_each import compile_each  # noqa: E402
 
 # fp32 -> fp8 conversions: gfx942's (fnuz) and gfx950's (OCP, with a scale operand)
 FP8_CVT = ("v_cvt_pk_fp8_f32", "v_cvt_scalef32_pk_fp8_f32")
@@ -140,22 +142,15 @@ def table(results: list[dict]) -> str:
 
 
 def main(path: str, arch: str) -> int:
-    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
-    with open(path) as f:
-        launches = json.load(f)
-    status = 0
-    for rec in launches:
-        out = {"name": rec["name"], "arch": arch, "constexprs": rec["constexprs"],
-               "num_warps": rec["num_warps"], "num_stages": rec["num_stages"],
-               "waves_per_eu": rec.get("waves_per_eu"), "out": rec["signature"].get("out_ptr")}
-        try:
-            ck = compile_launch(rec, arch)
-            out.update(ok=True, shared=ck.metadata.shared, **summary(ck.asm["amdgcn"]))
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            out.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-            status = 1
-        print(json.dumps(out), flush=True)
-    return status
+    def describe(rec):
+        ck = compile_launch(rec, arch)
+        return dict(shared=ck.metadata.shared, **summary(ck.asm["amdgcn"]))
+
+    return compile_each(path, lambda rec: {
+        "name": rec["name"], "arch": arch, "constexprs": rec["constexprs"],
+        "num_warps": rec["num_warps"], "num_stages": rec["num_stages"],
+        "waves_per_eu": rec.get("waves_per_eu"), "out": rec["signature"].get("out_ptr")},
+        describe)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import importlib
-import json
 import os
 import re
 import sys
@@ -26,6 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(__file__))
+from compile_each import compile_each  # noqa: E402
 from sm90_compile import _disassemble  # noqa: E402
 
 CAPABILITY = {"sm_89": 89, "sm_100": 100, "sm_120": 120}
@@ -102,25 +102,16 @@ def compile_launch(rec: dict, arch: str):
 
 
 def main(path: str, arch: str) -> int:
-    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
-    with open(path) as f:
-        launches = json.load(f)
-    status = 0
-    for rec in launches:
-        out = {"name": rec["name"], "arch": arch, "constexprs": rec["constexprs"],
-               "num_warps": rec["num_warps"], "num_stages": rec["num_stages"],
-               "maxnreg": rec.get("maxnreg")}
-        try:
-            ck = compile_launch(rec, arch)
-            cubin = ck.asm["cubin"]
-            out.update(ok=True, shared=ck.metadata.shared,
-                       tmem=getattr(ck.metadata, "tmem_size", 0) or 0,
-                       **summary(_disassemble(cubin), _disassemble(cubin, "-res-usage")))
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            out.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-            status = 1
-        print(json.dumps(out), flush=True)
-    return status
+    def describe(rec):
+        ck = compile_launch(rec, arch)
+        cubin = ck.asm["cubin"]
+        return dict(shared=ck.metadata.shared, tmem=getattr(ck.metadata, "tmem_size", 0) or 0,
+                    **summary(_disassemble(cubin), _disassemble(cubin, "-res-usage")))
+
+    return compile_each(path, lambda rec: {
+        "name": rec["name"], "arch": arch, "constexprs": rec["constexprs"],
+        "num_warps": rec["num_warps"], "num_stages": rec["num_stages"],
+        "maxnreg": rec.get("maxnreg")}, describe)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+sys.path.insert(0, os.path.dirname(__file__))
+from compile_each import compile_each  # noqa: E402
+
 SASS_OPS = ("IGMMA", "QGMMA", "HGMMA", "HMMA", "IMMA", "LDL", "STL", "UTMALDG")
 
 
@@ -165,31 +168,23 @@ def main(path: str, dump: str | None = None) -> int:
                                error=f"{type(e).__name__}: {str(e)[:2000]}")
                 print(json.dumps(rep), flush=True)
         return 0
-    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
-    with open(path) as f:
-        launches = json.load(f)
-    status = 0
-    for rec in launches:
-        mod = importlib.import_module(rec["module"])
-        fn = getattr(mod, rec["name"])
-        out = {"name": rec["name"], "constexprs": rec["constexprs"]}
-        try:
-            src = ASTSource(fn=fn, signature=rec["signature"], constexprs=rec["constexprs"])
-            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": rec["num_warps"],
-                                         "num_stages": rec["num_stages"],
-                                         **({"maxnreg": rec["maxnreg"]}
-                                            if rec.get("maxnreg") else {})})
-            sass = _disassemble(ck.asm["cubin"])
-            ops = collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
-            out.update(ok=True, sass=dict(ops), shared=ck.metadata.shared,
-                       loop_spills=inner_loop_spills(sass),
-                       loops=[_loop_report(body) for body in mma_loops(sass)])
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            out.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
-            status = 1
-        print(json.dumps(out), flush=True)
-    return status
+
+    def describe(rec):
+        fn = getattr(importlib.import_module(rec["module"]), rec["name"])
+        src = ASTSource(fn=fn, signature=rec["signature"], constexprs=rec["constexprs"])
+        ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": rec["num_warps"],
+                                     "num_stages": rec["num_stages"],
+                                     **({"maxnreg": rec["maxnreg"]}
+                                        if rec.get("maxnreg") else {})})
+        sass = _disassemble(ck.asm["cubin"])
+        ops = collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
+        return dict(sass=dict(ops), shared=ck.metadata.shared,
+                    loop_spills=inner_loop_spills(sass),
+                    loops=[_loop_report(body) for body in mma_loops(sass)])
+
+    return compile_each(path, lambda rec: {"name": rec["name"],
+                                           "constexprs": rec["constexprs"]}, describe)
 
 
 if __name__ == "__main__":
