@@ -72,19 +72,26 @@ def _calls():
                                 kv_perm16=True, rope=tables, rope_start=100)
 
 
-def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp_path):
-    launches = _record(monkeypatch)
-    assert {r["name"] for r in launches} >= {
-        "attention_fwd_persistent_kernel", "merge_partials_kernel", "quantize_q_kernel"
-    }
+def _compile_for_sm90(launches, tmp_path, timeout):
+    """Each recorded launch compiled for sm_90 by tests/tools/sm90_compile.py in a process of
+    its own (compiled, so without TRITON_INTERPRET): one result dict per launch."""
     path = tmp_path / "launches.json"
     path.write_text(json.dumps(launches))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tool = os.path.join(os.path.dirname(__file__), "tools", "sm90_compile.py")
     proc = subprocess.run([sys.executable, tool, str(path)], capture_output=True, text=True,
-                          env=env, timeout=900)
+                          env=env, timeout=timeout)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(launches), proc.stderr[-3000:]
+    return results
+
+
+def test_every_launch_compiles_for_sm90_hot_path_without_spills(monkeypatch, tmp_path):
+    launches = _record(monkeypatch)
+    assert {r["name"] for r in launches} >= {
+        "attention_fwd_persistent_kernel", "merge_partials_kernel", "quantize_q_kernel"
+    }
+    results = _compile_for_sm90(launches, tmp_path, timeout=900)
     failed = [r for r in results if not r["ok"]]
     assert not failed, failed[0]
     spills = [r for r in results if r["sass"].get("LDL") or r["sass"].get("STL")]
@@ -173,14 +180,8 @@ def test_rotation_shared_memory_on_sm90_is_as_recorded(monkeypatch, tmp_path):
 
     launches = [r for r in record(monkeypatch, calls, execute=False)
                 if r["name"].startswith("quantize_") and r["constexprs"].get("ROTATE")]
-    path = tmp_path / "launches.json"
-    path.write_text(json.dumps(launches))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tool = os.path.join(os.path.dirname(__file__), "tools", "sm90_compile.py")
-    proc = subprocess.run([sys.executable, tool, str(path)], capture_output=True, text=True,
-                          env=env, timeout=600)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(launches) and all(r["ok"] for r in results), proc.stderr[-3000:]
+    results = _compile_for_sm90(launches, tmp_path, timeout=600)
+    assert all(r["ok"] for r in results), [r for r in results if not r["ok"]][:1]
     largest: dict = {}
     for r in results:
         key = (r["constexprs"]["DP"], 2 if r["constexprs"]["TWO_TERM"] else 1)
