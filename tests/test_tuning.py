@@ -27,7 +27,7 @@ def _entries(t: tuning.Tuning):
 def test_every_value_names_its_measurement():
     # (AMD and non-Hopper NVIDIA tiles: compiled for the architecture, said to be not yet
     # executed on it)
-    dated = re.compile(r"(H200|sm_90 SASS|CPU interpreter|compiled for gfx9\d\d with triton "
+    dated = re.compile(r"(H200|H100|sm_90 SASS|CPU interpreter|compiled for gfx9\d\d with triton "
                        r"[\d.]+|compiled and checked for sm_\d+ with triton [\d.]+)"
                        r".*\b2026-\d\d-\d\d\b")
     for name, entry in _entries(tuning.DEFAULT):
@@ -46,7 +46,11 @@ def test_every_value_names_its_measurement():
 
 def test_only_releases_run_on_a_gpu_are_verified():
     assert [(r.triton, r.gpu, r.date) for r in tuning.DEFAULT.gluon_releases] == [
-        ("3.6", "NVIDIA H200", "2026-12-04")]
+        ("3.6", "NVIDIA H200", "2026-12-04"),
+        ("3.8", "NVIDIA H100 80GB HBM3", "2026-12-06"),
+        ("3.9", "NVIDIA H100 80GB HBM3", "2026-12-06")]
+    for r in tuning.DEFAULT.gluon_releases:  # checked against fp64 and timed, each
+        assert "fp64" in r.measured and re.search(r"faster|\d\.\d\dx", r.measured), r
 
 
 def test_tables_are_frozen():

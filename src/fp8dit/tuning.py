@@ -331,6 +331,18 @@ DEFAULT = Tuning(
         VerifiedRelease("3.6", "NVIDIA H200", "2026-12-04",
                         "matched the Triton kernel against fp64 (13 cases, the GPU test "
                         "suite) and ran faster end to end from 8,192 tokens"),
+        # Slower than on 3.6 (docs/triton_releases.md says where) but faster than the Triton
+        # kernel on the same release: auto takes it there too.
+        VerifiedRelease("3.8", "NVIDIA H100 80GB HBM3", "2026-12-06",
+                        "commit 187a40f: both kernels against fp64 at 6 shapes (rel-L1 "
+                        "0.037-0.040, cos >= 0.99922), the GPU tests of the FP8 path with the "
+                        "kernel forced; Wan2.2 720p 1.45x SDPA cuDNN end to end, the Triton "
+                        "kernel 1.21x"),
+        VerifiedRelease("3.9", "NVIDIA H100 80GB HBM3", "2026-12-06",
+                        "commit 187a40f: both kernels against fp64 at 6 shapes (rel-L1 "
+                        "0.037-0.040, cos >= 0.99922), the GPU tests of the FP8 path with the "
+                        "kernel forced; Wan2.2 720p 1.63x SDPA cuDNN end to end, the Triton "
+                        "kernel 1.28x"),
     ),
     quantization=Quantization(
         kv_rows=Table({128: 32, 64: 64}),
