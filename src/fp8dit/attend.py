@@ -141,8 +141,7 @@ def gluon_ws_constexprs(head_dim_padded: int, tiles: GluonTiles, is_causal: bool
     wide = tiles.block_n > 128  # 256-key steps: two dots of 128
     return dict(
         DP=head_dim_padded, BLOCK_M=GLUON_WS_BLOCK_M // 2, BLOCK_N=tiles.block_n,
-        IS_CAUSAL=is_causal, STAGES=tiles.stages,
-        CONSUMER_REGS=int(__import__("os").environ.get("FP8DIT_EXP_REGS", tiles.consumer_regs)),
+        IS_CAUSAL=is_causal, STAGES=tiles.stages, CONSUMER_REGS=tiles.consumer_regs,
         P_REGS=tiles.p_regs, ROWSUM_DOT=tiles.rowsum_dot and wide and tiles.p_regs,
         SPLIT_KV=tiles.split_kv and wide, num_warps=4,
     )

@@ -218,37 +218,7 @@ def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_
 # step, as with 3.6. Off elsewhere: 3.6's code is the one measured on the H200 (unchanged),
 # and with 3.9 the copy leaves the main loop as it is and adds 8 spills to the tail loop
 # (sm_90 SASS, docs/triton_releases.md).
-import os as _os
-TAIL_OWN_RANGE = gl.constexpr(".".join(triton.__version__.split(".")[:2]) == "3.8"
-                              and _os.environ.get("FP8DIT_EXP_TAILCOPY", "1") == "1")
-EXP_TOPBAR = gl.constexpr(_os.environ.get("FP8DIT_EXP_TOPBAR", "0") == "1")
-EXP_CHAIN = gl.constexpr(_os.environ.get("FP8DIT_EXP_CHAIN", "0") == "1")
-
-
-@gluon.jit
-def _first(a, b):
-    return a
-
-
-@gluon.jit
-def _opaque_zero(like):
-    return gl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [like], dtype=gl.float32,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _exp_chained(s, c, bias, N: gl.constexpr):
-    BM: gl.constexpr = s.shape[0]
-    lo, hi = gl.split(gl.permute(gl.reshape(s, [BM, 2, N // 2]), [0, 2, 1]))
-    lrow: gl.constexpr = gl.SliceLayout(1, lo.type.layout)
-    p_lo = gl.exp2(lo * gl.expand_dims(gl.convert_layout(c, lrow), 1)
-                   - gl.expand_dims(gl.convert_layout(bias, lrow), 1))
-    dep = gl.convert_layout(gl.reduce(p_lo, 1, _first), c.type.layout)
-    c2 = c + dep * _opaque_zero(c)
-    p_hi = gl.exp2(hi * gl.expand_dims(gl.convert_layout(c2, lrow), 1)
-                   - gl.expand_dims(gl.convert_layout(bias, lrow), 1))
-    p = gl.reshape(gl.permute(gl.join(p_lo, p_hi), [0, 2, 1]), [BM, N])
-    return gl.convert_layout(p, s.type.layout, assert_trivial=True)
+TAIL_OWN_RANGE = gl.constexpr(".".join(triton.__version__.split(".")[:2]) == "3.8")
 
 
 @gluon.jit
@@ -347,10 +317,7 @@ def _exp_half(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
               row_layout: gl.constexpr, p_layout: gl.constexpr, ROW_SUM: gl.constexpr = True):
     """P of one 128-key half (fp8 in the PV dot's A layout, see ``_softmax_block``) and its
     row sum (0 unless ``ROW_SUM``: the row-sum dot sums the fp8 P instead)."""
-    if EXP_CHAIN:
-        p = _exp_chained(s, c, bias, SUB_N)
-    else:
-        p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
+    p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
     if ROW_SUM:
         l_part = _row_sum(p, BLOCK_M, SUB_N, row_layout)
     else:
@@ -444,8 +411,6 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
     fp8 P the PV dots weigh V with.
     """
     slot = cnt % STAGES
-    if EXP_TOPBAR:
-        _cta_barrier()
     mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
     sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
                            _magic_preset(s_init), is_async=True)
@@ -485,8 +450,7 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
         acc = warpgroup_mma_wait(0, deps=[acc_tok])
     acc_m = acc_m * gl.expand_dims(step, 1) + acc
     # Every warp of this warpgroup is past both PV dots: the slot and P's buffers are free.
-    if not EXP_TOPBAR:
-        _cta_barrier()
+    _cta_barrier()
     mbarrier.arrive(kv_empty.index(slot))
     if SPLIT_KV:
         mbarrier.arrive(v_empty.index(slot))
