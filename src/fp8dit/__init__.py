@@ -5,6 +5,7 @@ from .api import attention, attention_varlen, select_backend
 from .dispatch import BackendUnavailableError
 from .recipes import DEFAULT_RECIPE, RECIPES
 from .rope import Rotary
+from .warmup import warmup
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,5 @@ __all__ = [
     "enable",
     "attention_varlen",
     "select_backend",
+    "warmup",
 ]

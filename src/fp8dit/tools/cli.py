@@ -1,4 +1,4 @@
-"""``fp8dit demo | bench | check``.
+"""``fp8dit demo | bench | check | warmup``.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args)``;
 modules are imported only when their subcommand runs (diffusers and matplotlib stay optional).
@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "bench": ("fp8dit.tools.bench", "time fp8dit against SDPA cuDNN/flash and SageAttention"),
     "check": ("fp8dit.tools.check",
               "accuracy of each recipe against fp64 on chosen input families"),
+    "warmup": ("fp8dit.tools.warmup",
+               "compile the kernels and plans of given shapes before the first step"),
 }
 
 
@@ -30,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     # Subparsers are built with the parent's class, so they get the one-line errors too.
     parser = _Parser(prog="fp8dit", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="{demo,bench,check}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         try:
