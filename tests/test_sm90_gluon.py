@@ -281,19 +281,20 @@ def test_gluon_kernel_never_runs_off_an_sm90_gpu(monkeypatch):
     assert launch.kernel == "triton" and plan.key.block_m == launch.block_m == 64
 
 
-# What the warp-specialized kernel's sm_90 SASS holds, per Triton release (major.minor; each
-# measured on the x.y.0 wheel with the ptxas it bundles: 3.6 12.8, 3.8 12.9, 3.9 13.4), per
-# shipped configuration (padded head dim, causal): the main kv loop's instructions per step
-# and spills (LDL/STL), and the masked tail loop's spills (run once per work item: 1 of ~300
-# steps at Wan 720p), both consumer warpgroups' worst. Only 3.6 ran on a GPU (the measured
-# speed includes its spills); docs/triton_releases.md compares the releases.
+# What the warp-specialized kernel's sm_90 SASS holds when each Triton release builds it itself
+# (major.minor; the x.y.0 wheel with the ptxas it bundles: 3.6 12.8, 3.8 12.9, 3.9 13.4), per
+# shipped configuration (padded head dim, causal), specialized as real launches are: the main kv
+# loop's instructions per step and spills (LDL/STL), and the masked tail loop's spills (run once
+# per work item: 1 of ~300 steps at Wan 720p), both consumer warpgroups' worst. 3.8 and 3.9 run
+# the kernel built from triton 3.6's PTX instead (fp8dit.prebuilt, tests/test_prebuilt.py); their
+# own builds are the fallback. docs/triton_releases.md compares the releases.
 WS_SASS_BOUNDS = {
-    "3.6": {(64, False): (768, 0, 0), (128, False): (806, 1, 13),
-            (64, True): (545, 0, 0), (128, True): (585, 0, 0)},
-    "3.8": {(64, False): (768, 0, 0), (128, False): (805, 1, 15),
-            (64, True): (550, 0, 0), (128, True): (580, 0, 0)},
-    "3.9": {(64, False): (767, 0, 0), (128, False): (810, 2, 17),
-            (64, True): (526, 0, 0), (128, True): (563, 0, 0)},
+    "3.6": {(64, False): (768, 0, 0), (128, False): (806, 1, 15),
+            (64, True): (545, 0, 0), (128, True): (584, 0, 0)},
+    "3.8": {(64, False): (768, 0, 0), (128, False): (806, 2, 58),
+            (64, True): (543, 0, 0), (128, True): (577, 0, 0)},
+    "3.9": {(64, False): (767, 0, 0), (128, False): (808, 0, 17),
+            (64, True): (525, 0, 0), (128, True): (566, 0, 0)},
 }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import dispatch, env, tuning
+from . import dispatch, env, prebuilt, tuning
 from .device import Target, target_of
 from .dispatch import BackendUnavailableError
 from .kernels.attention import attention_fwd_persistent_kernel
@@ -168,16 +168,30 @@ def _attention_gluon_ws(plan: Plan, launch: LaunchConfig, ws: Workspace, tabs,
     # most 128 keys (one dot each; a 256-key kv block loads two).
     rows = GLUON_WS_BLOCK_M // 2
     sub_n = min(BN, 128)
-    kernel[(plan.num_programs,)](
-        desc(ws.q8.view(-1, Dp), [rows, Dp], gl.int8), ws.q_scale, ws.q_corr,
-        desc(ws.k8.view(-1, Dp), [sub_n, Dp], gl.int8), ws.k_scale,
-        desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, sub_n], gl.float8e4nv),
-        ws.v_scale, ws.v_mean,
-        tabs["seq"], tabs["work"], tabs["work_indptr"],
-        out, *out_strides, lse, *lse_strides, ws.part_o, ws.part_lse,
-        D, plan.q_total_padded, plan.k_total_padded, ws.k_scale.shape[1], H // Hkv, Hkv,
-        **gluon_ws_constexprs(Dp, launch.tiles, key.is_causal),
-    )
+    pointers = dict(q_scale_ptr=ws.q_scale, q_lse_corr_ptr=ws.q_corr, k_scale_ptr=ws.k_scale,
+                    v_scale_ptr=ws.v_scale, v_mean_ptr=ws.v_mean, seq_ptr=tabs["seq"],
+                    work_ptr=tabs["work"], work_indptr_ptr=tabs["work_indptr"], out_ptr=out,
+                    lse_ptr=lse, part_o_ptr=ws.part_o, part_lse_ptr=ws.part_lse)
+    ints = dict(zip(("o_sb", "o_st", "o_sh", "o_sd"), out_strides),
+                **dict(zip(("l_sb", "l_sh", "l_st"), lse_strides)),
+                D=D, Tq_pad=plan.q_total_padded, Tk_pad=plan.k_total_padded,
+                n_kblocks=ws.k_scale.shape[1], group=H // Hkv, Hkv=Hkv)
+    constexprs = gluon_ws_constexprs(Dp, launch.tiles, key.is_causal)
+    descs = dict(
+        desc_q=desc(ws.q8.view(-1, Dp), [rows, Dp], gl.int8),
+        desc_k=desc(ws.k8.view(-1, Dp), [sub_n, Dp], gl.int8),
+        desc_v=desc(ws.v8t.view(-1, plan.k_total_padded), [Dp, sub_n], gl.float8e4nv))
+    unfit = prebuilt.unfit_reason(Dp, key.is_causal, constexprs, ints, pointers)
+    if unfit is None:
+        with prebuilt.assembler(out.device, Dp, key.is_causal):
+            kernel[(plan.num_programs,)](**descs, **pointers, **ints, **constexprs,
+                                         ir_override=prebuilt.ptx_path(Dp, key.is_causal))
+        return
+    if prebuilt.applies_to_release():  # a launch the release's own build serves instead
+        dispatch._log_once(f"fp8dit: warp-specialized kernel built by triton "
+                           f"{dispatch.triton_release()} itself, not from triton 3.6's PTX: "
+                           f"{unfit}")
+    kernel[(plan.num_programs,)](**descs, **pointers, **ints, **constexprs)
 
 
 def attention_stage(plan: Plan, launch: LaunchConfig, ws: Workspace,

@@ -179,9 +179,12 @@ def choose_kernel(head_dim: int, max_k_len: int, is_causal: bool, recipe: Recipe
     if floor is None or max_k_len < floor:
         return "triton", (f"{max_k_len} keys: the Gluon kernel measured faster from {floor} "
                           f"at head_dim <= {dp}")
+    built = ("; built from triton 3.6's PTX, fp8dit.prebuilt"
+             if any(r.triton == release.triton for r in tuned.prebuilt_releases)
+             and env.prebuilt_enabled() else "")
     return "gluon-ws", (f"warp-specialized Gluon kernel: faster from {floor} keys at head_dim "
                         f"<= {dp} (verified with Triton {release.triton} on an {release.gpu}, "
-                        f"{release.date})")
+                        f"{release.date}{built})")
 
 
 def unmeasured_arch_reason(arch: str) -> str | None:

@@ -10,6 +10,8 @@ variable               meaning
 ``FP8DIT_KERNEL``      attention kernel: ``auto`` (default: ``dispatch.choose_kernel``) |
                        ``triton`` | ``gluon-ws`` (the warp-specialized Hopper kernel, sm_90
                        only, kernels/attention_sm90_ws.py) for every call
+``FP8DIT_PREBUILT``    ``0`` builds the warp-specialized kernel with the installed Triton's own
+                       code generation, never from the PTX shipped in :mod:`fp8dit.prebuilt`
 ``TRITON_INTERPRET``   ``1`` runs the Triton kernels on CPU tensors through Triton's interpreter
 =====================  =====================================================================
 
@@ -64,6 +66,16 @@ def attention_kernel() -> str:
     if value not in KERNELS:
         raise ValueError(f"FP8DIT_KERNEL: expected one of {', '.join(KERNELS)}, got {value!r}")
     return value
+
+
+def prebuilt_enabled() -> bool:
+    """``FP8DIT_PREBUILT``: ``1`` (default) lets the warp-specialized kernel be built from the
+    PTX fp8dit ships (:mod:`fp8dit.prebuilt`) on the releases where that was measured faster;
+    ``0`` never does."""
+    value = os.environ.get("FP8DIT_PREBUILT", "1").strip().lower() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"FP8DIT_PREBUILT: expected 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def triton_interpret() -> bool:

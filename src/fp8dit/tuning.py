@@ -190,6 +190,8 @@ class Tuning:
     gluon_causal_tiles: Mapping[int, GluonTiles]  # causal calls (FP8DIT_KERNEL=gluon-ws)
     crossovers: Mapping[int, Crossover]  # by padded head dim
     gluon_releases: tuple[VerifiedRelease, ...]
+    # where the warp-specialized kernel is built from triton 3.6's PTX (fp8dit.prebuilt)
+    prebuilt_releases: tuple[VerifiedRelease, ...]
     quantization: Quantization
     mask_bytes: MaskTiles  # masks read byte by byte (any strides)
     mask_words: MaskTiles  # masks whose rows are contiguous, read as int32 words
@@ -343,6 +345,17 @@ DEFAULT = Tuning(
                         "0.037-0.040, cos >= 0.99922), the GPU tests of the FP8 path with the "
                         "kernel forced; Wan2.2 720p 1.63x SDPA cuDNN end to end, the Triton "
                         "kernel 1.28x"),
+    ),
+    prebuilt_releases=(
+        VerifiedRelease("3.8", "NVIDIA H100 80GB HBM3", "2026-12-06",
+                        "triton 3.6's PTX assembled by ptxas 12.9 (what 3.8 bundles) ran Wan2.2 "
+                        "720p in 120.3 ms against 119.0 for 3.6's own build and 141.0 for "
+                        "3.8's (1.47x SDPA cuDNN); checked against fp64"),
+        VerifiedRelease("3.9", "NVIDIA H100 80GB HBM3", "2026-12-06",
+                        "3.9's ptxas for sm_90 (13.4) ran 3.6's PTX in 132.2 ms against 116.7 "
+                        "for 3.6's build, 3.9's own build 127.5 (1.60x SDPA cuDNN); triton "
+                        "3.6's PTX through ptxas 12.9, which 3.9 bundles, ran 120.3 against "
+                        "119.0; checked against fp64"),
     ),
     quantization=Quantization(
         kv_rows=Table({128: 32, 64: 64}),

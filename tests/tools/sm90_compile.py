@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import importlib
-import inspect
 import json
 import os
 import re
@@ -110,39 +109,18 @@ def _loop_report(body: list[str]) -> dict:
 
 
 def gluon_attention_report(dp: int, causal: bool, dump: str | None = None) -> dict:
-    """Compile ``kernels.attention_sm90_ws`` for sm_90 as the dispatcher launches it at padded
-    head dim ``dp`` (``tuning.gluon_tiles``, ``gluon_causal_tiles`` when ``causal``) and
-    describe its kv loops' SASS (:func:`_loop_report`). ``dump``: a folder that receives the
-    compiled stages (``D<dp>-<dense|causal>.ttgir``, ``.llir``, ``.ptx``, ``.sass``)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
+    """Compile ``kernels.attention_sm90_ws`` for sm_90 with this Triton's own code generation,
+    as the dispatcher launches it at padded head dim ``dp`` (``tuning.gluon_tiles``,
+    ``gluon_causal_tiles`` when ``causal``) and specialized as real launches are
+    (``fp8dit.prebuilt.ast_source``), and describe its kv loops' SASS (:func:`_loop_report`).
+    ``dump``: a folder that receives the compiled stages (``D<dp>-<dense|causal>.ttgir``,
+    ``.llir``, ``.ptx``, ``.sass``)."""
+    from fp8dit import prebuilt
 
-    from fp8dit import attend, tuning
-    from fp8dit.kernels import attention_sm90_ws
-
-    tuned = tuning.current()
-    tiles = (tuned.gluon_causal_tiles if causal else tuned.gluon_tiles)[dp]
-    const = attend.gluon_ws_constexprs(dp, tiles, causal)
-    # 256 keys run as two dots over 128-key tiles
-    bm, bn = const["BLOCK_M"], min(tiles.block_n, 128)
-    kernel = attention_sm90_ws.attention_fwd_sm90_ws_kernel
-
-    def desc(dtype_str, dtype, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-        return f"tensordesc<{dtype_str}[{', '.join(map(str, block))}],{layout!r}>"
-
-    types = dict(
-        desc_q=desc("i8", gl.int8, [bm, dp]), desc_k=desc("i8", gl.int8, [bn, dp]),
-        desc_v=desc("fp8e4nv", gl.float8e4nv, [dp, bn]),
-        seq_ptr="*i32", work_ptr="*i32", work_indptr_ptr="*i32", out_ptr="*bf16",
-    )
-    names = list(inspect.signature(kernel.fn).parameters)
-    sig = {n: "constexpr" if n in const else types.get(n, "*fp32" if n.endswith("_ptr")
-                                                         else "i32") for n in names}
-    src = GluonASTSource(fn=kernel, signature=sig,
-                         constexprs={(names.index(k),): v for k, v in const.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out = {"dp": dp, "causal": causal, "block_n": tiles.block_n,
+    const = prebuilt.config_constexprs(dp, causal)
+    ck = triton.compile(prebuilt.ast_source(dp, causal), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4})
+    out = {"dp": dp, "causal": causal, "block_n": const["BLOCK_N"],
            "shared": ck.metadata.shared, "loops": []}
     sass = _disassemble(ck.asm["cubin"])
     out["loops"] = [_loop_report(body) for body in mma_loops(sass)]

@@ -647,7 +647,13 @@ def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, q_scale, ks_base, q_s, k_bufs, v_
     return acc, m_i, l_i, cnt
 
 
-@gluon.jit
+# Sizes whose divisibility by 16 varies from model to model are not specialized on: one
+# compiled kernel per configuration, whatever the shape (what lets fp8dit.prebuilt ship the
+# kernel's PTX); none of them is used inside the kv loop.
+UNSPECIALIZED = ("l_sb", "l_sh", "n_kblocks", "group", "Hkv")
+
+
+@gluon.jit(do_not_specialize=UNSPECIALIZED)
 def attention_fwd_sm90_ws_kernel(
     desc_q, q_scale_ptr, q_lse_corr_ptr,
     desc_k, k_scale_ptr, desc_v, v_scale_ptr, v_mean_ptr,
