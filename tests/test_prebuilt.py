@@ -72,7 +72,7 @@ def test_launch_specializes_as_the_files_were_built():
     from triton.runtime.jit import native_specialize_impl
 
     def spec(value, name):
-        unspecialized = name in ws.UNSPECIALIZED
+        unspecialized = name in ws.PREBUILT_UNSPECIALIZED
         return native_specialize_impl(BaseBackend, value, False, not unspecialized, True)
 
     for B, H, Hkv, S, D in ((1, 40, 40, 75600, 128), (2, 48, 16, 17776, 64)):

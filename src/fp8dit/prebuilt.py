@@ -105,7 +105,7 @@ def ast_source(head_dim_padded: int, is_causal: bool):
             sig[n] = "i32"
             if n in MULTIPLE_OF_16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-            elif n not in ws.UNSPECIALIZED:
+            elif n not in ws.PREBUILT_UNSPECIALIZED:
                 raise AssertionError(f"{n}: an integer argument with no specialization rule")
     return GluonASTSource(fn=ws.attention_fwd_sm90_ws_kernel, signature=sig,
                           constexprs=constexprs, attrs=attrs)

@@ -647,10 +647,14 @@ def _consumer_item(kv_lo, kv_hi, hi_fast, cnt, q_scale, ks_base, q_s, k_bufs, v_
     return acc, m_i, l_i, cnt
 
 
-# Sizes whose divisibility by 16 varies from model to model are not specialized on: one
-# compiled kernel per configuration, whatever the shape (what lets fp8dit.prebuilt ship the
-# kernel's PTX); none of them is used inside the kv loop.
-UNSPECIALIZED = ("l_sb", "l_sh", "n_kblocks", "group", "Hkv")
+# Sizes whose divisibility by 16 varies from model to model: not specialized on where the
+# kernel is built from the PTX fp8dit ships (fp8dit.prebuilt, built for any of their values),
+# so that every launch's specialization is the one the PTX was built for; none of them is used
+# inside the kv loop. Triton 3.6 builds the kernel itself, specialized on them: the code
+# measured (H100, 2026-12-06: unspecialized, CogVideoX-5B's kernel ran 2.9% slower).
+PREBUILT_UNSPECIALIZED = ("l_sb", "l_sh", "n_kblocks", "group", "Hkv")
+UNSPECIALIZED = (() if ".".join(triton.__version__.split(".")[:2]) == "3.6"
+                 else PREBUILT_UNSPECIALIZED)
 
 
 @gluon.jit(do_not_specialize=UNSPECIALIZED)
