@@ -214,6 +214,9 @@ def test_release_builds_the_shipped_ptx_into_the_measured_code(dp, tmp_path, mon
     """Built by this release with the shipped PTX, the dense kernel is that PTX assembled by the
     ptxas 12.9 the release bundles (not 3.9's ptxas-blackwell, measured slower), with the
     launch metadata triton 3.6 gave it: the same shared memory and warps."""
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bindir, "ptxas")):
+        pytest.skip("this Triton installation lacks the ptxas its wheel bundles")
     name = prebuilt.config_name(dp, False)
     environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     environ.update(XDG_CACHE_HOME=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path / "triton"))
@@ -226,7 +229,6 @@ def test_release_builds_the_shipped_ptx_into_the_measured_code(dp, tmp_path, mon
     assert (tmp_path / f"{name}.ptx").read_text() == shipped
     assert json.loads((tmp_path / f"{name}.json").read_text()) == entry["metadata"]
     # the same PTX through the bundled ptxas 12.9, by hand
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     src = tmp_path / "k.ptx"
     src.write_text(shipped)
     subprocess.run([os.path.join(bindir, "ptxas"), "-lineinfo", "--regAllocOptLevel=2",
@@ -242,3 +244,33 @@ def test_release_builds_the_shipped_ptx_into_the_measured_code(dp, tmp_path, mon
     mufu_runs = [len(list(g)) for op, g in itertools.groupby(ops) if op == "MUFU"]
     assert max(mufu_runs) <= MAX_MUFU_RUN, mufu_runs
     prebuilt.ptx_path.cache_clear()
+
+
+def test_without_a_ptxas_12_the_release_builds_the_kernel_itself():
+    """A Triton installation without its bundled ptxas 12.x (or one pointed at ptxas 13), where
+    3.9 would assemble the shipped PTX with its ptxas-blackwell (measured slower): the launch
+    takes the release's own build, and says why."""
+    knobs = type(triton.knobs.nvidia)
+    const = prebuilt.config_constexprs(128, False)
+
+    def missing(self):
+        raise RuntimeError("Cannot find ptxas")
+
+    for tool, expected in ((property(missing), "no ptxas 12.8 or 12.9 to assemble it"),
+                           (property(lambda self: SimpleNamespace(path="/x/ptxas",
+                                                                  version="13.4")),
+                            "its ptxas is 13.4")):
+        descriptor = knobs.__dict__["ptxas"]  # Triton's knob, put back below
+        try:
+            knobs.ptxas = tool
+            prebuilt._assemblers.cache_clear()
+            prebuilt._config_unfit.cache_clear()
+            with tuning.override(prebuilt_releases=_here()):
+                why = prebuilt.unfit_reason(128, False, const, *_launch_args())
+        finally:
+            knobs.ptxas = descriptor
+        assert why is not None and why.startswith(expected), why
+    prebuilt._assemblers.cache_clear()
+    prebuilt._config_unfit.cache_clear()
+    with tuning.override(prebuilt_releases=_here()):
+        assert prebuilt.unfit_reason(128, False, const, *_launch_args()) is None

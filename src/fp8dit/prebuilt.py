@@ -143,6 +143,9 @@ def _config_unfit(head_dim_padded: int, is_causal: bool, constexprs: tuple, rele
     entry = manifest().get("configs", {}).get(config_name(head_dim_padded, is_causal))
     if entry is None:
         return f"no PTX shipped for {config_name(head_dim_padded, is_causal)}"
+    why = _assemblers()[2]
+    if why is not None:
+        return why
     if manifest().get("source_sha256") != source_hash():
         return "the shipped PTX was built from another version of the kernel's source"
     given = dict(constexprs)
@@ -218,6 +221,31 @@ def ptx_path(head_dim_padded: int, is_causal: bool) -> str:
 
 
 _BUILT: set = set()  # (device, configuration) built in this process: no ptxas runs again
+# The ptxas releases that assembled the shipped PTX into the measured code (triton 3.6 bundles
+# 12.8; 3.8 and 3.9 bundle 12.9, which built the same code but for scheduling details).
+ASSEMBLERS = ("12.8", "12.9")
+
+
+@functools.cache
+def _assemblers() -> tuple[str | None, str | None, str | None]:
+    """(the ptxas this release builds sm_90 with, the ptxas that assembles the shipped PTX,
+    why there is none: None when there is one)."""
+    import triton
+    from triton.backends.nvidia import compiler
+
+    try:
+        plain = triton.knobs.nvidia.ptxas
+    except RuntimeError as e:  # a Triton installation without its bundled ptxas
+        return None, None, f"no ptxas {' or '.join(ASSEMBLERS)} to assemble it ({e})"
+    if plain.version not in ASSEMBLERS:
+        return None, None, (f"its ptxas is {plain.version}, triton 3.6's PTX measured with "
+                            f"{' and '.join(ASSEMBLERS)}")
+    get = getattr(compiler, "get_ptxas", None)
+    try:
+        release_tool = get(90) if get is not None else plain
+    except RuntimeError:
+        release_tool = None
+    return getattr(release_tool, "path", None), plain.path, None
 
 
 @contextlib.contextmanager
@@ -227,22 +255,14 @@ def assembler(device, head_dim_padded: int, is_causal: bool):
     first of a configuration on a device find the kernel built (Triton's in-memory cache) and
     skip this."""
     key = (str(device), head_dim_padded, is_causal)
-    if key in _BUILT or not _assembles_with_blackwell_ptxas():
+    release_path, plain_path, _ = _assemblers()
+    if key in _BUILT or release_path == plain_path:
         yield
         _BUILT.add(key)
         return
     import triton
 
     with triton.knobs.nvidia.scope():
-        triton.knobs.nvidia.ptxas_blackwell = triton.knobs.nvidia.ptxas.path
+        triton.knobs.nvidia.ptxas_blackwell = plain_path
         yield
     _BUILT.add(key)
-
-
-@functools.cache
-def _assembles_with_blackwell_ptxas() -> bool:
-    import triton
-    from triton.backends.nvidia import compiler
-
-    get = getattr(compiler, "get_ptxas", None)
-    return get is not None and get(90).path != triton.knobs.nvidia.ptxas.path
