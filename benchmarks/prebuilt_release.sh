@@ -8,7 +8,9 @@
 # Usage: bash benchmarks/prebuilt_release.sh OUTDIR PACK.tar.xz [BASELINE_SRC]
 #   PACK: a release packed by shared/tools/slim_triton.sh; BASELINE_SRC: another checkout's src/
 #   (e.g. `git archive COMMIT src | tar -x -C .old`, then .old/src). PRESETS, ROUNDS (default 2),
-#   STEPS (default "bench check tests warmup").
+#   STEPS (default "bench check tests warmup"). Pass FP8DIT_COMMIT=$(git rev-parse --short HEAD)
+#   from the checkout: the rows name that commit (the GPU machine's copy of the tree may carry
+#   an older .git).
 set -u
 out=${1:?usage: prebuilt_release.sh OUTDIR PACK.tar.xz [BASELINE_SRC]}
 pack=${2:?usage: prebuilt_release.sh OUTDIR PACK.tar.xz [BASELINE_SRC]}

@@ -348,14 +348,16 @@ DEFAULT = Tuning(
     ),
     prebuilt_releases=(
         VerifiedRelease("3.8", "NVIDIA H100 80GB HBM3", "2026-12-06",
-                        "triton 3.6's PTX assembled by ptxas 12.9 (what 3.8 bundles) ran Wan2.2 "
-                        "720p in 120.3 ms against 119.0 for 3.6's own build and 141.0 for "
-                        "3.8's (1.47x SDPA cuDNN); checked against fp64"),
+                        "commit 38037dd: built from triton 3.6's PTX the kernel took 119.8, "
+                        "174.3, 22.74 and 6.40 ms at Wan2.2 720p, HunyuanVideo 720p, Wan 480p "
+                        "and CogVideoX-5B, 3.6's build 117.0, 171.8, 22.36 and 6.22, 3.8's own "
+                        "136.7, 211.3, 26.53 and 6.36; both kernels against fp64 at 4 shapes "
+                        "and the FP8 path's GPU tests passed with it"),
         VerifiedRelease("3.9", "NVIDIA H100 80GB HBM3", "2026-12-06",
-                        "3.9's ptxas for sm_90 (13.4) ran 3.6's PTX in 132.2 ms against 116.7 "
-                        "for 3.6's build, 3.9's own build 127.5 (1.60x SDPA cuDNN); triton "
-                        "3.6's PTX through ptxas 12.9, which 3.9 bundles, ran 120.3 against "
-                        "119.0; checked against fp64"),
+                        "its build of the shipped PTX is byte for byte 3.8's (the same ptxas "
+                        "12.9; CPU), whose speed and fp64 checks are 3.8's entry; 3.9's own "
+                        "build took 128.6 ms at Wan2.2 720p against 117.5 for 3.6's (H200, "
+                        "2026-12-06), 3.6's PTX through 3.9's ptxas 13.4 132.2 against 116.7"),
     ),
     quantization=Quantization(
         kv_rows=Table({128: 32, 64: 64}),

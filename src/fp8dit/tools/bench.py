@@ -407,6 +407,9 @@ class Row:
     n_sets: int = 0
     recipe: str | None = None
     kernel: str | None = None  # the attention kernel an fp8dit row ran (dispatch.choose_kernel)
+    # how the warp-specialized kernel was built: from triton 3.6's PTX (fp8dit.prebuilt) or by
+    # the installed Triton itself
+    kernel_build: str | None = None
     interpreter: bool = False
     bad: bool = False  # failed, NaN or cos vs ref below MIN_COS
     ms_rounds: list | None = None  # each timing round's median (``ms`` is their median)
@@ -579,10 +582,18 @@ def bench_shape(shape: Shape, backends, *, device, recipe, layout, family, seed,
     from ..recipes import get_recipe
 
     kernel, _ = choose_kernel(shape.D, shape.S, False, get_recipe(recipe), device)
+    build = None
+    if kernel == "gluon-ws":
+        from .. import prebuilt
+
+        build = ("built from triton 3.6's PTX (fp8dit.prebuilt)" if prebuilt.applies_to_release()
+                 else "the installed Triton's own build")
     rows, ready = [], []
     for name in backends:
+        ours = name in ("fp8dit", "fp8dit-kernel")
         row = Row(backend=name, recipe=recipe if name.startswith("fp8dit") else None,
-                  kernel=kernel if name in ("fp8dit", "fp8dit-kernel") else None, **common)
+                  kernel=kernel if ours else None, kernel_build=build if ours else None,
+                  **common)
         rows.append(row)
         t0 = time.perf_counter()
         try:
