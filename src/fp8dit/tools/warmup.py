@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import fp8dit
-    from fp8dit.tools.presets import ShapeError, resolve_shapes
+    from fp8dit.tools.presets import PRESETS, ShapeError, resolve_shapes
 
     try:
         shapes = resolve_shapes(args.preset, args.shape)
@@ -53,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("fp8dit warmup: no CUDA GPU: the kernels would run through Triton's interpreter, "
               "where nothing is compiled", file=sys.stderr)
-    names = {(s.B, s.H, s.S, s.D): s.name for s in shapes}
+    names = {(s.B, s.H, s.S, s.D): s.name for s in shapes if s.name in PRESETS}
 
     def show(r):
-        print(f"{names[r.shape]}: {r}", flush=True)
+        print(f"{names[r.shape]}: {r}" if r.shape in names else str(r), flush=True)
 
     try:
         fp8dit.warmup([(s.B, s.H, s.S, s.D) for s in shapes], layout=args.layout,
