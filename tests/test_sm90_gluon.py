@@ -5,7 +5,8 @@ Gluon does not run in Triton's interpreter, so on CPU this checks what can be ch
 GPU: the quantizer's layouts the kernel relies on (interpreter), that the kernel compiles for
 sm_90 with this Triton in every configuration the dispatcher launches it with, that its kv loops
 use the Hopper tensor-core MMAs and how many instructions and spills they take per step (SASS,
-bounds per Triton release: docs/triton_releases.md), and where ``dispatch.choose_kernel`` runs it.
+bounds per Triton release: docs/triton_releases.md), that its compile leaves no IR object alive
+at exit beyond Triton's own, and where ``dispatch.choose_kernel`` runs it.
 Its outputs were compared with the Triton kernel's and fp64 on the H200 (triton 3.6;
 tests/test_attention_fp8.py's GPU tests).
 """
@@ -13,6 +14,7 @@ tests/test_attention_fp8.py's GPU tests).
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -298,16 +300,25 @@ WS_SASS_BOUNDS = {
 }
 
 
-def test_gluon_ws_kernel_compiles_for_sm90_with_tensor_core_loops():
+@pytest.fixture(scope="module")
+def ws_compile(tmp_path_factory):
+    """``tests/tools/sm90_compile.py --gluon``, run once for this module in a process of its own
+    (compiled, so without TRITON_INTERPRET) and with an empty Triton cache: a cache hit builds
+    no IR, and the exit report below needs it built."""
+    tool = os.path.join(os.path.dirname(__file__), "tools", "sm90_compile.py")
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environ["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    return subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
+                          env=environ, timeout=900)
+
+
+def test_gluon_ws_kernel_compiles_for_sm90_with_tensor_core_loops(ws_compile):
     """Every configuration ``attend`` launches the warp-specialized kernel with (recorded from
     its launch code) compiles for sm_90 with this Triton; its kv loops are tensor-core loops
     (the wgmma counts the tile shapes give), and those that spill on no measured release have
     no spills. The per-step numbers are checked against this release's measured bounds, or
     skipped on a release that has none."""
-    tool = os.path.join(os.path.dirname(__file__), "tools", "sm90_compile.py")
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, tool, "--gluon"], capture_output=True, text=True,
-                          env=environ, timeout=900)
+    proc = ws_compile
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     shipped = {(dp, causal) for causal, table in ((False, tuning.current().gluon_tiles),
                                                    (True, tuning.current().gluon_causal_tiles))
@@ -343,6 +354,64 @@ def test_gluon_ws_kernel_compiles_for_sm90_with_tensor_core_loops():
         assert max(lp["instructions"] for lp in main) <= main_instr, rep
         assert max(lp["spills"] for lp in main) <= main_spills, rep
         assert max(lp["spills"] for lp in tail) <= tail_spills, rep
+
+
+# The smallest Gluon kernel whose compile asks Triton for a layout back (``gl.expand_dims``):
+# with it Triton 3.9's exit report is Triton's alone (docs/triton_releases.md).
+_EXIT_REPORT_REFERENCE = """\
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+
+@gluon.jit
+def kernel(ptr):
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+    offs = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))
+    gl.store(ptr + gl.expand_dims(offs, 0), 0.0)
+
+
+triton.compile(GluonASTSource(fn=kernel, signature={"ptr": "*fp32"}),
+               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+"""
+
+
+def _nanobind_exit_report(stderr: str) -> list[str]:
+    """nanobind's report of the objects still alive at interpreter exit: its counts and the
+    leaked instances' and types' names (addresses dropped, sorted); empty without one."""
+    return sorted(re.sub(r"0x[0-9a-f]+ ", "", line) for line in stderr.splitlines()
+                  if line.startswith(("nanobind: leaked", " - leaked instance",
+                                      " - leaked type")))
+
+
+def test_gluon_ws_compile_keeps_no_ir_object_alive_past_exit(ws_compile, tmp_path):
+    """A process that compiled the warp-specialized kernel ends with the same nanobind exit
+    report as one that compiled a three-line Gluon kernel. Triton's C++ holds references to its
+    Gluon layout classes that it never drops, and through them its IR builder's type, which
+    nanobind (Triton's bindings from 3.9) lists at exit (``nanobind: leaked``,
+    docs/triton_releases.md). Anything more in the report is an IR object (context, builder,
+    value, module) fp8dit holds past interpreter shutdown. Both compiles start from an empty
+    Triton cache: a cache hit builds no IR and prints nothing."""
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip(f"triton {triton.__version__} binds its IR with pybind11, which reports "
+                    "nothing at exit (nanobind from 3.9)")
+    proc = ws_compile
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not any(r["ok"] for r in reports):
+        pytest.skip("tests/tools/sm90_compile.py --gluon compiled nothing here: "
+                    + proc.stderr[-1000:])
+    script = tmp_path / "reference.py"
+    script.write_text(_EXIT_REPORT_REFERENCE)
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ref = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env={**environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")},
+                         timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert _nanobind_exit_report(proc.stderr) == _nanobind_exit_report(ref.stderr), (
+        "the kernel's compile leaves more alive at exit than Triton's own:\n"
+        + proc.stderr[-3000:])
 
 
 def _on_sm90() -> bool:
