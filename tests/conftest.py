@@ -67,8 +67,9 @@ def fp8_at_any_length(monkeypatch):
 def tensor_core_tf32(monkeypatch):
     """fp32 dots as an NVIDIA GPU's tensor cores take them. A ``tl.dot`` of fp32 operands at
     the default input precision (tf32) reads each operand's top 19 bits there: the low 13
-    mantissa bits are dropped (truncation toward zero), so every product of two positive values
-    comes out a little small. Triton's interpreter multiplies fp32 operands in full fp32
+    mantissa bits are dropped (truncation toward zero), so every product comes out a little
+    smaller in magnitude: the H100's LSE errors of the balance recipe matched this to three
+    digits (tests/test_stress.py). Triton's interpreter multiplies fp32 operands in full fp32
     whatever the precision asked; with this fixture it drops those bits too. ("tf32x3" and
     "ieee" are fp32-accurate on the GPU as well: left as they are.) On a GPU the hardware does
     it; nothing to do."""
