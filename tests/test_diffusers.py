@@ -204,6 +204,19 @@ def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
     with pytest.raises(NotImplementedError, match="return_lse=True is not supported when attn"):
         ad.dispatch_attention_fn(q, k, v, attn_mask=bias, backend="fp8dit",
                                  attention_kwargs={"return_lse": True})
+    # the fp32 bias reaches SDPA in the inputs' dtype, as its fused CUDA backends read it
+    # (fp8dit.sdpa.sdpa_mask)
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask.dtype)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    out = ad.dispatch_attention_fn(q, k, v, attn_mask=bias, backend="fp8dit")
+    assert seen == [torch.bfloat16]
+    assert error_stats(out, ref).cos > 0.9999
 
 
 @pytest.mark.parametrize("Sq,Sk", [(113, 113), (96, 40)])  # odd self-attention; short keys

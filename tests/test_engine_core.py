@@ -110,10 +110,15 @@ def test_other_masks_and_dropout_fall_back_to_sdpa_logged_once(caplog, device):
     assert [c["backend"] for c in calls] == ["sdpa"] * 5, calls
     assert "not a prefix" in calls[0]["reason"] and "no key-padding mask" in calls[1]["reason"]
     assert "dtype torch.float32" in calls[2]["reason"]
+    # bf16 attention against fp64 on these inputs, flash-style (fp32 scores, P rounded to bf16
+    # for the PV product, bf16 output) or with the scores rounded to bf16 too: 1 - cos at most
+    # 6.7e-6 over 200 seeds (computed on the CPU, 2026-12-06); 1e-4 is 15 times that, so a
+    # miss means a mask read wrong (fp8dit.sdpa.sdpa_mask), not precision.
     assert error_stats(out_holes, ref).cos > 0.9999
     assert (lse_holes.double() - ref_lse).abs().max() < 1e-3
     ref30 = attention_ref(q, k[:, :30], v[:, :30])
-    assert all(error_stats(o, ref30).cos > 0.9999 for o in outs)
+    for name, o in zip(("per-query", "additive fp32", "2-D"), outs):
+        assert error_stats(o, ref30).cos > 0.9999, (name, str(error_stats(o, ref30)))
     # the engine's lines, one per reason: per-query (called twice), float, 2-D. (The holes are
     # found in the mask's values by fp8dit.key_padding, which logs that once per process.)
     lines = [r.getMessage() for r in caplog.records if "test backend" in r.getMessage()]
@@ -122,6 +127,31 @@ def test_other_masks_and_dropout_fall_back_to_sdpa_logged_once(caplog, device):
         attend(engine, q, k, v, dropout_p=0.1, return_lse=True)
     torch.manual_seed(0)
     assert attend(engine, q, k, v, dropout_p=0.1).shape == q.shape
+
+
+def test_sdpa_fallback_gets_a_float_mask_in_the_inputs_dtype(monkeypatch, device):
+    """An fp32 additive mask with bf16 inputs reaches SDPA in bf16, with and without dropout:
+    SDPA's fused CUDA backends read a float mask in the inputs' dtype (cuDNN reads an fp32 one
+    as 16-bit halves and masks nothing here; fp8dit.sdpa.sdpa_mask)."""
+    q, k, v = _qkv(sk=40, device=device)
+    additive = torch.zeros(1, 1, 1, 40, device=device)
+    additive[..., 30:] = -math.inf
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask.dtype)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    engine = Engine("test")
+    out, lse = attend(engine, q, k, v, attn_mask=additive, return_lse=True)
+    attend(engine, q, k, v, attn_mask=additive, dropout_p=0.1)
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    assert additive.dtype == torch.float32  # the caller's mask unchanged
+    ref, ref_lse = attention_ref(q, k[:, :30], v[:, :30], return_lse=True)
+    assert error_stats(out, ref).cos > 0.9999  # the bound's reason: the test above
+    assert (lse.double() - ref_lse).abs().max() < 1e-3
 
 
 @pytest.mark.parametrize("alignment", ["top-left", "bottom-right"])

@@ -1,16 +1,23 @@
-"""NVIDIA GPUs other than Hopper: their tiles (``tuning.nvidia_tiles``) run on CPU tensors as
-accurately as sm_90's, and ``auto`` runs SDPA on them, saying why (nothing was timed there).
+"""NVIDIA GPUs other than Hopper: their tiles (``tuning.nvidia_tiles``) run as accurately as
+sm_90's, and ``auto`` runs SDPA on them, saying why (nothing was timed there).
 
 The tiles change the order of the reductions (row maxima and sums per kv block, the PV
 accumulation), and sm_89's pointer loads are another code path: each tile set is checked
-against fp64 through the interpreter (``fp8dit.device.interpret_as``), on small shapes.
+against fp64, on small shapes. Their tiles are launch parameters (block sizes, warps, stages,
+pointer loads instead of descriptors), so any of these GPUs runs any of them: without a GPU on
+CPU tensors through the interpreter standing in for the architecture
+(``fp8dit.device.interpret_as``), with one (sm_90 in the GPU suite) compiled for that GPU, the
+dispatcher reading the architecture's capability (:func:`arch_tiles`). The interpreter is
+there only without a GPU (conftest.py sets TRITON_INTERPRET before triton is imported).
 """
 
+import contextlib
 import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import fp8dit
 from fp8dit import attend, device, dispatch, tuning
@@ -20,16 +27,32 @@ GPU = torch.device("cuda", 0)
 ARCHS = device.NVIDIA_CHECKED_ARCHS
 
 
+@contextlib.contextmanager
+def arch_tiles(arch: str):
+    """Calls in the block run ``arch``'s tiles: on CPU tensors the interpreter stands in for
+    it; on a GPU the dispatcher reads ``arch``'s capability ("sm_89": (8, 9), its tiles and the
+    Triton kernel) and Triton compiles for the GPU at hand."""
+    if DEVICE == "cpu":
+        with device.interpret_as(arch):
+            yield
+        return
+    capability = divmod(int(arch.removeprefix("sm_")), 10)
+    assert device.nvidia_arch(capability) == arch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dispatch, "_capability", lambda index: capability)
+        yield
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("d,causal", [(64, False), (128, True), (200, False)])
 def test_arch_tiles_match_fp64_like_sm90_tiles(arch, d, causal):
     """Against fp64, within 1.3x the rel-L1 and LSE error of sm_90's tiles on the same inputs
     (lengths not tile multiples: the masked loop runs)."""
-    q, k, v = make_qkv(1, 2, 203, d, device="cpu", seed=11)
+    q, k, v = make_qkv(1, 2, 203, d, device=DEVICE, seed=11)
     ref, ref_lse = attention_ref(q, k, v, is_causal=causal, return_lse=True)
     base, base_lse = fp8dit.attention(q, k, v, backend="fp8", is_causal=causal,
                                       return_lse=True)
-    with device.interpret_as(arch):
+    with arch_tiles(arch):
         launch = attend.tile_config(attend.padded_head_dim(d), q.device)
         assert launch.tiles == tuning.current().nvidia_tiles[arch][attend.padded_head_dim(d)]
         out, lse = fp8dit.attention(q, k, v, backend="fp8", is_causal=causal, return_lse=True)
@@ -43,11 +66,11 @@ def test_arch_tiles_match_fp64_like_sm90_tiles(arch, d, causal):
 def test_pointer_loads_give_the_descriptors_result():
     """sm_89's pointer loads read the same tiles as the descriptors: the same tiles with either
     load style give bitwise the same output, for the two-term recipe's residuals too."""
-    q, k, v = make_qkv(1, 2, 150, 128, device="cpu", seed=3)
+    q, k, v = make_qkv(1, 2, 150, 128, device=DEVICE, seed=3)
     for recipe in ("int8qk-fp8pv", "int8x2qk-fp8pv", "int8qk-bf16pv"):
         outs = []
         for ptr in (False, True):
-            with device.interpret_as("sm_89"), \
+            with arch_tiles("sm_89"), \
                     tuning.override(nvidia_tiles={"sm_89": {128: dict(ptr_loads=ptr)}}):
                 outs.append(fp8dit.attention(q, k, v, backend="fp8", recipe=recipe))
         torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
@@ -152,10 +175,13 @@ def test_rotation_past_sm90_shared_memory_is_refused(nvidia_gpu, recipe, kb):
     assert choose("fp8", 256).backend == "fp8"
 
 
-def test_rotation_at_head_dim_256_runs_on_cpu_tensors(monkeypatch):
+@pytest.mark.skipif(DEVICE != "cpu", reason=(
+    "needs Triton's interpreter, which conftest.py sets up only without a GPU (TRITON_INTERPRET "
+    "before triton is imported); compiled, this launch needs more shared memory than sm_90 "
+    "holds (test_rotation_past_sm90_shared_memory_is_refused)"))
+def test_rotation_at_head_dim_256_runs_on_cpu_tensors():
     """Triton's interpreter has no shared memory limit: the rotated recipes run there at any
     head dim."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v = make_qkv(1, 2, 40, 200, seed=0)
     out = fp8dit.attention(q, k, v, backend="fp8", recipe="int8qk-fp8pv-rot")
     assert error_stats(out, attention_ref(q, k, v)).rel_l1 < 0.05

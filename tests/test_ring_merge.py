@@ -7,14 +7,22 @@ the large peak scores, docs/accuracy.md), and differently in each part (up to
 error is large only in rows with large, peaked scores, where one part holds nearly all the
 weight whatever the others' LSE. These tests pin that down, and show the merge check does catch
 a part-dependent LSE error spread over all rows (0.1 on normal inputs, 0.3 on DiT-like ones,
-whose peaked rows tolerate more).
+whose peaked rows tolerate more). The balance recipe builds its Q/K transform in each call from
+the keys it is given, so a ring's parts each have their own: merged, they hold as well.
 """
 
 import pytest
 import torch
 
 import fp8dit
-from fp8dit.testing import attention_ref, error_stats, make_qkv, merge_by_lse, ring_merge
+from fp8dit.testing import (
+    attention_ref,
+    error_stats,
+    make_qkv,
+    make_stress_qkv,
+    merge_by_lse,
+    ring_merge,
+)
 
 S, H, D, CHUNKS = 512, 2, 128, 4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU
@@ -80,4 +88,47 @@ def test_fp8_merged_from_chunks_is_as_accurate_as_one_call(family):
         return out, part_lse + next(shifts)
 
     bad = error_stats(ring_merge(run_shifted, q, k, v, chunks=CHUNKS), ref).rel_l1
+    assert bad > merged * 1.3, (family, bad, merged)
+
+
+BALANCED = "int8qk-fp8pv-bal"
+
+
+@pytest.mark.parametrize("family", ["bias-q", "dit-drift"])
+def test_balance_recipe_merged_from_chunks_is_as_accurate_as_one_call(family, tensor_core_tf32):
+    """The balance recipe per kv chunk: each call balances Q against its own chunk's keys (its
+    own transform, K mean and LSE shift), so the parts' LSEs come out of different transforms.
+    Merged by them, the parts are as accurate as one call against fp64, output and LSE (the
+    log-sum-exp of the parts' LSEs); a part-dependent LSE shift shows up. On CPU the rotation's
+    tf32 products are the GPU's (``tensor_core_tf32``)."""
+    if family == "dit-drift":
+        q, k, v = _dit_with_drifting_keys()
+    else:
+        q, k, v = make_stress_qkv(family, 1, H, S, device=DEVICE)
+    ref, ref_lse = attention_ref(q, k, v, return_lse=True)
+
+    def run(qq, kk, vv):
+        return fp8dit.attention(qq, kk, vv, backend="fp8", recipe=BALANCED, return_lse=True)
+
+    one, lse = run(q, k, v)
+    parts = []
+
+    def kept(qq, kk, vv):
+        parts.append(run(qq, kk, vv))
+        return parts[-1]
+
+    merged = error_stats(ring_merge(kept, q, k, v, chunks=CHUNKS), ref).rel_l1
+    single = error_stats(one, ref).rel_l1
+    assert len(parts) == CHUNKS and merged <= single * 1.15 + 1e-3, (merged, single)
+    merged_lse = torch.logsumexp(torch.stack([p[1].double() for p in parts]), 0)
+    lse_err = (merged_lse - ref_lse).abs().mean().item()
+    one_err = (lse.double() - ref_lse).abs().mean().item()
+    # as test_stress's kernel-against-emulation bound: the parts' rounding differs from one
+    # call's, not its size
+    assert lse_err <= 1.2 * one_err + 2e-3, (lse_err, one_err)
+
+    g = torch.Generator().manual_seed(2)
+    shifts = (SHIFT["dit"] * torch.randn(CHUNKS, generator=g)).tolist()
+    bad = error_stats(merge_by_lse((o, p_lse + s) for (o, p_lse), s in zip(parts, shifts)),
+                      ref).rel_l1
     assert bad > merged * 1.3, (family, bad, merged)

@@ -32,10 +32,30 @@ def _lse_fp32(qh, kh, scale: float, is_causal: bool, chunk: int = 1024,
     return lse
 
 
+def sdpa_mask(attn_mask, dtype: torch.dtype):
+    """SDPA's ``attn_mask`` for inputs of ``dtype``: a float mask of another dtype cast to it
+    (boolean masks and None unchanged).
+
+    ``F.scaled_dot_product_attention`` takes an fp32 mask with bf16/fp16 inputs, but its fused
+    CUDA backends read a float mask in the inputs' dtype: the memory-efficient one refuses an
+    fp32 mask, and cuDNN (which torch prefers on sm_90 with cuDNN newer than 9.15) is handed
+    the fp32 buffer described as 16-bit values and reads it so, silently. A [.., 40] fp32 mask
+    of 0 on 30 keys and -inf on the last 10 is then read as the bf16 halves of its first 20
+    zeros: no key masked. On an H100 (torch 2.11, cuDNN 9.19, 2026-12-06) the fallback's
+    outputs for three masks, such a one among them, missed cosine 0.9999 against fp64; read as
+    bf16 halves, that mask gives 0.860 on the same inputs (computed on the CPU), where bf16
+    attention with the mask as meant stays above 0.99999. In the inputs' dtype -inf and 0 are
+    exact; other values round as those backends round them."""
+    if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != dtype:
+        return attn_mask.to(dtype)
+    return attn_mask
+
+
 def sdpa_attention(q, k, v, *, layout: str, scale: float, is_causal: bool, return_lse: bool,
                    attn_mask=None):
     """Dense attention in the input dtype; lse [B, H, Sq] fp32 or None. ``attn_mask``: SDPA's
-    (broadcast to [B, H, Sq, Sk])."""
+    (broadcast to [B, H, Sq, Sk]; a float one in q's dtype, :func:`sdpa_mask`)."""
+    attn_mask = sdpa_mask(attn_mask, q.dtype)
     if layout == "NHD":
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
     else:

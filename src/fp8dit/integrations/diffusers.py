@@ -50,6 +50,7 @@ from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
 from ..rope import check_rotary, fused_rotary, rope_tables, rotate_first
+from ..sdpa import sdpa_mask
 from .registry import add_member, enum_problems, params
 
 BACKEND_NAME = "fp8dit"
@@ -95,7 +96,8 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         ) from None
     gqa = {"enable_gqa": True} if (enable_gqa or q.shape[1] != k.shape[1]) else {}
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **gqa
+        q, k, v, attn_mask=sdpa_mask(attn_mask, q.dtype), dropout_p=dropout_p,
+        is_causal=is_causal, scale=scale, **gqa
     )
     return out.transpose(1, 2)
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from .. import dispatch as fp8_dispatch
 from ..api import _check_scale, attention, attention_varlen, check_recipe, select_backend
 from ..key_padding import key_padding_attention, key_padding_reason
-from ..sdpa import sdpa_attention
+from ..sdpa import sdpa_attention, sdpa_mask
 
 LAYOUTS = ("NHD", "HND")
 LSE_LAYOUTS = ("BHS", "BSH")
@@ -251,7 +251,8 @@ def _sdpa_fallback(engine, why, q, k, v, layout, scale, is_causal, return_lse, l
                 f"fp8dit {engine.name} backend: return_lse=True with dropout_p={dropout_p}")
         qh, kh, vh = (t if layout == "HND" else t.transpose(1, 2) for t in (q, k, v))
         gqa = {"enable_gqa": True} if qh.shape[1] != kh.shape[1] else {}
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
+        out = F.scaled_dot_product_attention(qh, kh, vh,
+                                             attn_mask=sdpa_mask(attn_mask, qh.dtype),
                                              dropout_p=dropout_p, is_causal=is_causal,
                                              scale=scale, **gqa)
         out = out if layout == "HND" else out.transpose(1, 2)

@@ -162,8 +162,17 @@ def _block_and_head(HEADS_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _round_tf32(x):
+    """fp32 values to the nearest tf32 value (ties away from zero, as ``cvt.rna.tf32.f32``),
+    kept in fp32: a tensor core reading an fp32 operand as tf32 drops its low 13 bits instead
+    (truncation toward zero), which biases every product the same way."""
+    b = x.to(tl.uint32, bitcast=True) + 0x1000
+    return ((b >> 13) << 13).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
-            HIP: tl.constexpr = False):
+            HIP: tl.constexpr = False, ROUND: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
     ``rotate``): spreads outlier channels over all channels before the per-token / per-block
     scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
@@ -171,7 +180,18 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
     int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
     accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
     off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
-    the quantization ~170 ms slower at Wan 720p (H200, 2026-12-02). ``HIP`` (AMD: no tf32x3,
+    the quantization ~170 ms slower at Wan 720p (H200, 2026-12-02). ``ROUND`` (the balance
+    recipes' per-head matrices, which are not orthonormal: Q's mean direction shrunk up to 32x,
+    channels scaled by up to 64x, K stretched to match): tf32 with both operands rounded to
+    nearest first. tf32's error is relative to the unscaled operands, and the tensor cores
+    truncate an fp32 operand to tf32: each score shrinks a little, every score the same way,
+    and the log-sum-exp moves with them. On an H100 (2026-12-06) the mean LSE error of
+    ``int8qk-fp8pv-bal`` at 512 tokens was 0.0189 (bias-q) and 0.0122 (dit-gqa) against its
+    fp32 emulation's 0.0101 and 0.0080; the emulation with the operands truncated to tf32
+    gives 0.0190 and 0.0122, rounded to nearest 0.0105 and 0.0078 (``tests/test_stress.py``).
+    tf32x3 would give 0.0101 and 0.0080, but its split operands took the quantize_kv launch
+    at padded head dim 128 to 256 KB of shared memory, over sm_90's 227 KB (compiled with
+    triton 3.8, 2026-12-06). ``HIP`` (AMD: no tf32x3,
     HIP takes ieee, bf16x3 or bf16x6): "ieee", on the fp32 matrix instructions of CDNA3/4
     (``v_mfma_f32_*_f32``, gfx942 and gfx950 ISA), fp32 accuracy for one and two terms alike;
     its speed is not yet measured."""
@@ -182,6 +202,8 @@ def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
         y = tl.dot(x, r, input_precision="ieee")
     elif PRECISE:
         y = tl.dot(x, r, input_precision="tf32x3")
+    elif ROUND:
+        y = tl.dot(_round_tf32(x), _round_tf32(r))
     else:
         y = tl.dot(x, r)
     return y
@@ -480,7 +502,7 @@ def quantize_kv_kernel(
             rp = rot_ptr
             if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
                 rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
-            ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM, HIP)
+            ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         elif KAMAX_FROM_STATS:
@@ -592,7 +614,8 @@ def quantize_q_kernel(
             rp = rot_ptr
             if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
                 rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
-            qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM, HIP)  # masked: already 0
+            # masked rows: already 0
+            qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
         else:
             qr = q
         if TENSOR_SCALES:
