@@ -117,10 +117,7 @@ def _cpu_shims():
 
 
 def _rank(rank, port):
-    import tempfile
-
     os.environ["HF_HUB_OFFLINE"] = "1"  # the CLI's model is a local folder
-    os.environ["FP8DIT_TEST_TMP"] = tempfile.mkdtemp()
     stubbed = []
     if rank == 1:  # the CLI parser's module imports them (before vLLM-Omni's first import)
         from engines import stubs
@@ -281,17 +278,24 @@ def _selection_routes():
     """Each route through `vllm serve <model> --omni ...` as vLLM-Omni's CLI parses it
     (``vllm_omni.entrypoints.cli.main``), its stage-config resolution (what its server hands
     the diffusion stage) and its selector, per attention role."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "model")
+        for sub in ("transformer", "vae"):
+            os.makedirs(os.path.join(model, sub))
+        with open(os.path.join(model, "model_index.json"), "w") as f:  # a diffusers layout
+            f.write('{"_class_name": "WanPipeline", "_diffusers_version": "0.40.0"}')
+        return _resolve_routes(model)
+
+
+def _resolve_routes(model):
     from vllm_omni.config.resolver import resolve_omni_config
     from vllm_omni.diffusion.attention.selector import get_attn_backend_for_role
     from vllm_omni.entrypoints.cli import serve
     from vllm_omni.entrypoints.utils import prepare_stage_config_inputs
     from vllm_omni.utils.tracking_parser import TrackingArgumentParser
 
-    model = os.path.join(os.environ["FP8DIT_TEST_TMP"], "model")
-    for sub in ("transformer", "vae"):
-        os.makedirs(os.path.join(model, sub), exist_ok=True)
-    with open(os.path.join(model, "model_index.json"), "w") as f:  # a diffusers layout
-        f.write('{"_class_name": "WanPipeline", "_diffusers_version": "0.40.0"}')
     serve._ensure_vllm_platform()
     parser = TrackingArgumentParser()
     subparsers = parser.add_subparsers(required=False, dest="subparser")
