@@ -21,6 +21,11 @@ STUBBABLE = {
     # pairs with CI's CPU torch (torch 2.13.0+cpu) does not load its operators, and installing
     # one with its dependencies replaces torch. The diffusion attention path never calls it.
     "torchvision": "imported by SGLang's LLM model configs; diffusion attention never uses it",
+    # vLLM-Omni's CLI module (its `serve` argument parser) imports its OpenAI server, whose audio
+    # serving imports torchaudio, and its pipeline registry, whose LLM models import
+    # torchvision. PyPI's torchaudio pairs with another torch than CI's; diffusion attention
+    # and argument parsing never call either.
+    "torchaudio": "imported by vLLM-Omni's audio serving; diffusion attention never uses it",
 }
 
 
