@@ -307,40 +307,21 @@ def tensor_abs_max(*tensors) -> tuple[float, ...]:
     return tuple(max(float(t.float().abs().amax()), 1e-8) for t in tensors)
 
 
-def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | None = None,
-                       is_causal: bool = False, block_n: int = 128,
-                       tensor_amax: tuple[float, float, float] | None = None,
-                       return_lse: bool = False, exact_qk: bool = False):
-    """The recipe's quantization done in torch (fp32 math), attention in float64.
-
-    It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
-    after smoothing, per-channel V after centering with each kv block's grid stretched, P
-    scaled to [0, 256] in fp8; one scale per tensor for ``scales="tensor"``; P and V in bf16
-    for ``pv="bf16"``), but uses the exact row
-    max instead of the kernel's running max. Kernel error should sit within a small factor of
-    this emulation's error: anything more is a bug, not precision.
-
-    ``tensor_amax``: (max|q|, max|k|, max|v|) of the whole tensors when q, k, v are slices of
-    them (per-tensor recipes only; default: computed from q, k, v).
-
-    ``return_lse``: also the log-sum-exp [B, H, Sq] (natural log, float64) of the rounded
-    scores, plus the K-smoothing shift ``scale * q . mean(K)`` in full precision, as the kernels
-    add it (their fp32 sum of the unrounded q).
-
-    ``exact_qk``: Q and K kept unrounded (after the recipe's smoothing and rotation), only P and V
-    rounded: the floor that the recipe's P and V rounding alone leave, whatever Q and K do.
-    """
-    qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
+def _emulated_qk(qh, kh, recipe, *, scale: float, block_n: int, qk_amax=None,
+                 exact_qk: bool = False):
+    """Q and K of ``recipe`` rounded as the kernels round them (fp32 HND [B, H, S, D] in),
+    dequantized: (q_dq [B, H, Sq, Dp], k_dq [B, Hkv, Sk, Dp], row_shift [B, H, Sq, 1] float64,
+    the K-smoothing shift ``scale * q . mean(K)`` that the LSE gets back). K smoothed, Q and K
+    rotated (and balanced) as the recipe says, in the kernels' padded head dim when rotating;
+    K's scale per ``block_n`` keys. ``qk_amax``: (max|q|, max|k|) for per-tensor scales (the
+    recipe's ``scales="tensor"``); ``exact_qk``: no rounding."""
     B, H, Sq, D = qh.shape
     Hkv, Sk = kh.shape[1], kh.shape[2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
     qmax = 127.0 if recipe.qk == "int8" else 448.0
     rnd = _int8_round if recipe.qk == "int8" else _fp8_round
-    per_tensor = getattr(recipe, "scales", "fine") == "tensor"
-    pv_bf16 = getattr(recipe, "pv", "fp8") == "bf16"
+    per_tensor = qk_amax is not None
     if per_tensor:
-        qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
+        qa, ka = qk_amax
     k_raw = kh
     k_shift = torch.zeros_like(kh[:, :, :1])
     if recipe.smooth_k:
@@ -394,6 +375,44 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         kb = kpad.view(B, Hkv, nb, block_n, kh.shape[-1])
         ks = kb.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-8) / qmax
         k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, kh.shape[-1])[:, :, :Sk]
+    return q_dq, k_dq, row_shift
+
+
+def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | None = None,
+                       is_causal: bool = False, block_n: int = 128,
+                       tensor_amax: tuple[float, float, float] | None = None,
+                       return_lse: bool = False, exact_qk: bool = False):
+    """The recipe's quantization done in torch (fp32 math), attention in float64.
+
+    It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
+    after smoothing, per-channel V after centering with each kv block's grid stretched, P
+    scaled to [0, 256] in fp8; one scale per tensor for ``scales="tensor"``; P and V in bf16
+    for ``pv="bf16"``), but uses the exact row
+    max instead of the kernel's running max. Kernel error should sit within a small factor of
+    this emulation's error: anything more is a bug, not precision.
+
+    ``tensor_amax``: (max|q|, max|k|, max|v|) of the whole tensors when q, k, v are slices of
+    them (per-tensor recipes only; default: computed from q, k, v).
+
+    ``return_lse``: also the log-sum-exp [B, H, Sq] (natural log, float64) of the rounded
+    scores, plus the K-smoothing shift ``scale * q . mean(K)`` in full precision, as the kernels
+    add it (their fp32 sum of the unrounded q).
+
+    ``exact_qk``: Q and K kept unrounded (after the recipe's smoothing and rotation), only P and V
+    rounded: the floor that the recipe's P and V rounding alone leave, whatever Q and K do.
+    """
+    qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
+    B, H, Sq, D = qh.shape
+    Hkv, Sk = kh.shape[1], kh.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    per_tensor = getattr(recipe, "scales", "fine") == "tensor"
+    pv_bf16 = getattr(recipe, "pv", "fp8") == "bf16"
+    if per_tensor:
+        qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
+    q_dq, k_dq, row_shift = _emulated_qk(qh, kh, recipe, scale=scale, block_n=block_n,
+                                         qk_amax=(qa, ka) if per_tensor else None,
+                                         exact_qk=exact_qk)
     v_mean = vh.mean(dim=2, keepdim=True) if recipe.center_v else torch.zeros_like(vh[:, :, :1])
     vc = vh - v_mean
     if pv_bf16:
