@@ -1,6 +1,6 @@
 """The blockwise P·V emulator (``fp8dit.testing.attention_blockwise_emulated``): exact where
 nothing is rounded, today's recipe as attention_emulated has it, and the effects of the P·V
-formats that docs/accuracy.md ("P·V formats, in emulation") reports. CPU, ~15 s."""
+formats that docs/accuracy.md ("P·V formats, in emulation") reports. CPU, ~5 s."""
 
 import pytest
 import torch
