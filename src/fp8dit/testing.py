@@ -34,6 +34,10 @@ __all__ = [
     "stress_badness",
     "emulated_runner",
     "ring_merge",
+    "PVFormat",
+    "PV_FORMATS",
+    "PV_TODAY",
+    "attention_blockwise_emulated",
 ]
 
 
@@ -307,40 +311,21 @@ def tensor_abs_max(*tensors) -> tuple[float, ...]:
     return tuple(max(float(t.float().abs().amax()), 1e-8) for t in tensors)
 
 
-def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | None = None,
-                       is_causal: bool = False, block_n: int = 128,
-                       tensor_amax: tuple[float, float, float] | None = None,
-                       return_lse: bool = False, exact_qk: bool = False):
-    """The recipe's quantization done in torch (fp32 math), attention in float64.
-
-    It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
-    after smoothing, per-channel V after centering with each kv block's grid stretched, P
-    scaled to [0, 256] in fp8; one scale per tensor for ``scales="tensor"``; P and V in bf16
-    for ``pv="bf16"``), but uses the exact row
-    max instead of the kernel's running max. Kernel error should sit within a small factor of
-    this emulation's error: anything more is a bug, not precision.
-
-    ``tensor_amax``: (max|q|, max|k|, max|v|) of the whole tensors when q, k, v are slices of
-    them (per-tensor recipes only; default: computed from q, k, v).
-
-    ``return_lse``: also the log-sum-exp [B, H, Sq] (natural log, float64) of the rounded
-    scores, plus the K-smoothing shift ``scale * q . mean(K)`` in full precision, as the kernels
-    add it (their fp32 sum of the unrounded q).
-
-    ``exact_qk``: Q and K kept unrounded (after the recipe's smoothing and rotation), only P and V
-    rounded: the floor that the recipe's P and V rounding alone leave, whatever Q and K do.
-    """
-    qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
+def _emulated_qk(qh, kh, recipe, *, scale: float, block_n: int, qk_amax=None,
+                 exact_qk: bool = False):
+    """Q and K of ``recipe`` rounded as the kernels round them (fp32 HND [B, H, S, D] in),
+    dequantized: (q_dq [B, H, Sq, Dp], k_dq [B, Hkv, Sk, Dp], row_shift [B, H, Sq, 1] float64,
+    the K-smoothing shift ``scale * q . mean(K)`` that the LSE gets back). K smoothed, Q and K
+    rotated (and balanced) as the recipe says, in the kernels' padded head dim when rotating;
+    K's scale per ``block_n`` keys. ``qk_amax``: (max|q|, max|k|) for per-tensor scales (the
+    recipe's ``scales="tensor"``); ``exact_qk``: no rounding."""
     B, H, Sq, D = qh.shape
     Hkv, Sk = kh.shape[1], kh.shape[2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
     qmax = 127.0 if recipe.qk == "int8" else 448.0
     rnd = _int8_round if recipe.qk == "int8" else _fp8_round
-    per_tensor = getattr(recipe, "scales", "fine") == "tensor"
-    pv_bf16 = getattr(recipe, "pv", "fp8") == "bf16"
+    per_tensor = qk_amax is not None
     if per_tensor:
-        qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
+        qa, ka = qk_amax
     k_raw = kh
     k_shift = torch.zeros_like(kh[:, :, :1])
     if recipe.smooth_k:
@@ -394,6 +379,44 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         kb = kpad.view(B, Hkv, nb, block_n, kh.shape[-1])
         ks = kb.abs().amax(dim=(-1, -2), keepdim=True).clamp_min(1e-8) / qmax
         k_dq = (rnd(kb / ks) * ks).view(B, Hkv, nb * block_n, kh.shape[-1])[:, :, :Sk]
+    return q_dq, k_dq, row_shift
+
+
+def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | None = None,
+                       is_causal: bool = False, block_n: int = 128,
+                       tensor_amax: tuple[float, float, float] | None = None,
+                       return_lse: bool = False, exact_qk: bool = False):
+    """The recipe's quantization done in torch (fp32 math), attention in float64.
+
+    It rounds Q, K, V and the probabilities the way the kernels do (per-token Q, per-block K
+    after smoothing, per-channel V after centering with each kv block's grid stretched, P
+    scaled to [0, 256] in fp8; one scale per tensor for ``scales="tensor"``; P and V in bf16
+    for ``pv="bf16"``), but uses the exact row
+    max instead of the kernel's running max. Kernel error should sit within a small factor of
+    this emulation's error: anything more is a bug, not precision.
+
+    ``tensor_amax``: (max|q|, max|k|, max|v|) of the whole tensors when q, k, v are slices of
+    them (per-tensor recipes only; default: computed from q, k, v).
+
+    ``return_lse``: also the log-sum-exp [B, H, Sq] (natural log, float64) of the rounded
+    scores, plus the K-smoothing shift ``scale * q . mean(K)`` in full precision, as the kernels
+    add it (their fp32 sum of the unrounded q).
+
+    ``exact_qk``: Q and K kept unrounded (after the recipe's smoothing and rotation), only P and V
+    rounded: the floor that the recipe's P and V rounding alone leave, whatever Q and K do.
+    """
+    qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
+    B, H, Sq, D = qh.shape
+    Hkv, Sk = kh.shape[1], kh.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    per_tensor = getattr(recipe, "scales", "fine") == "tensor"
+    pv_bf16 = getattr(recipe, "pv", "fp8") == "bf16"
+    if per_tensor:
+        qa, ka, va = tensor_amax or tensor_abs_max(qh, kh, vh)
+    q_dq, k_dq, row_shift = _emulated_qk(qh, kh, recipe, scale=scale, block_n=block_n,
+                                         qk_amax=(qa, ka) if per_tensor else None,
+                                         exact_qk=exact_qk)
     v_mean = vh.mean(dim=2, keepdim=True) if recipe.center_v else torch.zeros_like(vh[:, :, :1])
     vc = vh - v_mean
     if pv_bf16:
@@ -428,6 +451,208 @@ def attention_emulated(q, k, v, recipe, *, layout: str = "NHD", scale: float | N
         return out
     lse = m + torch.log(den) - P_SHIFT.value * math.log(2.0) + row_shift
     return out, lse.squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# P·V formats: the kernels' blockwise online softmax with other roundings of P and V
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PVFormat:
+    """How an attention kernel rounds P and V for its P·V dot, as
+    :func:`attention_blockwise_emulated` emulates it (docs/accuracy.md, "P·V formats, in
+    emulation").
+
+    ``p``: ``"fp8"``, e4m3 of 256 * P, P against the row's running max (today's kernels);
+    ``"u8"``, round(255 * P) to nearest even as an unsigned 8-bit integer, P against
+    ``p_ref``; ``"u8x2"``, that and its rounding residual as a second 8-bit term (hi + lo / 255:
+    two P·V dots); ``"exact"``.
+
+    ``p_ref`` (integer P): ``"running"``, the row's running max; ``"block"``, the row's max over
+    this kv block, so every block spends all 255 steps on its own keys (its weight
+    2^(block max - running max) is one more per-row factor on the accumulator's rescale).
+
+    ``v``: ``"fp8"``, e4m3 per channel after centering, the grid stretched per kv block
+    (today's); ``"int8"``, round(v / s) after centering (half away from zero, as the kernels'
+    cast), s from ``v_scale``; ``"exact"``. ``v_scale`` (int8): ``"channel"``, the channel's
+    amax / 127; ``"channel-block"``, per channel and kv block (a per-column factor on every
+    block's P·V); ``"block"``, one per kv block (a per-block scalar, free in the rescale; for
+    rotated V, whose channels are alike).
+
+    ``v_rotate``: ``"rms"``, centered V's channels scaled to a unit RMS over the tokens, then
+    rotated by a Hadamard matrix along the head dim, before rounding (the output is rotated back
+    and rescaled once per row): a spike or a massive token spreads over channels of one size
+    instead of setting one channel's step; ``"plain"``, rotated without the scaling (an outlier
+    channel then spreads into every channel); ``"none"``.
+
+    ``row_sum``: the softmax denominator from ``"exact"`` P (fp32 adds of the unrounded P, the
+    Triton kernel), ``"f16"`` (P in [0, 255] rounded to fp16: a row-sum dot of an f16 copy of P
+    with ones) or ``"rounded"`` (the very P of the P·V dot: the warp-specialized kernel's
+    row-sum dot). The LSE uses the same sum.
+    """
+
+    name: str
+    p: str = "fp8"
+    p_ref: str = "running"
+    v: str = "fp8"
+    v_scale: str = "channel"
+    v_rotate: str = "none"
+    row_sum: str = "exact"
+
+    def __post_init__(self):
+        ok = (self.p in ("fp8", "u8", "u8x2", "exact")
+              and self.p_ref in ("running", "block")
+              and self.v in ("fp8", "int8", "exact")
+              and self.v_scale in ("channel", "channel-block", "block")
+              and self.v_rotate in ("none", "rms", "plain")
+              and self.row_sum in ("exact", "f16", "rounded"))
+        if not ok:
+            raise ValueError(f"P·V format {self.name!r}: unknown p/p_ref/v/v_scale/v_rotate/"
+                             f"row_sum in {self}")
+        if self.p == "fp8" and self.p_ref != "running":
+            raise ValueError(f"P·V format {self.name!r}: fp8 P is taken against the running max")
+        if self.v != "int8" and self.v_scale != "channel":
+            raise ValueError(f"P·V format {self.name!r}: v_scale is for int8 V")
+
+
+PV_FORMATS: dict[str, PVFormat] = {
+    f.name: f
+    for f in (
+        PVFormat("fp8", p="fp8", v="fp8"),
+        PVFormat("fp8-rowsum-dot", p="fp8", v="fp8", row_sum="rounded"),
+        PVFormat("u8-running-rowsum-dot", p="u8", p_ref="running", v="int8", row_sum="rounded"),
+        PVFormat("u8-running", p="u8", p_ref="running", v="int8"),
+        PVFormat("u8-block", p="u8", p_ref="block", v="int8"),
+        PVFormat("u8-block-rowsum-dot", p="u8", p_ref="block", v="int8", row_sum="rounded"),
+        PVFormat("u8x2-block", p="u8x2", p_ref="block", v="int8"),
+        PVFormat("u8-block-vblock", p="u8", p_ref="block", v="int8", v_scale="channel-block"),
+        PVFormat("u8-block-vrot-plain", p="u8", p_ref="block", v="int8", v_rotate="plain"),
+        PVFormat("u8-block-vrot", p="u8", p_ref="block", v="int8", v_rotate="rms"),
+        PVFormat("u8-block-vrot-b", p="u8", p_ref="block", v="int8", v_rotate="rms",
+                 v_scale="block"),
+        PVFormat("u8-block-vrot-b-f16sum", p="u8", p_ref="block", v="int8", v_rotate="rms",
+                 v_scale="block", row_sum="f16"),
+        PVFormat("u8-block-vrot-b-rowsum-dot", p="u8", p_ref="block", v="int8", v_rotate="rms",
+                 v_scale="block", row_sum="rounded"),
+    )
+}
+PV_TODAY = PV_FORMATS["fp8"]
+
+
+def _pv_round_v(vc: torch.Tensor, fmt: PVFormat, block_n: int):
+    """Centered V [Hkv, Sk, D] fp32 of one batch entry, rounded as ``fmt`` says: (dequantized
+    float64 [Hkv, Sk, Dv], back [Hkv, Dv, D] float64 or None). Rotated (``v_rotate``), the
+    values are in the rotated frame (Dv: the kernels' padded head dim) and ``out @ back``
+    returns to V's."""
+    Hkv, Sk, D = vc.shape
+    back = None
+    if fmt.v_rotate != "none":
+        from .plan import padded_head_dim
+        from .quantize import hadamard
+
+        dp = padded_head_dim(D)
+        rms = vc.pow(2).mean(1, keepdim=True).sqrt().clamp_min(1e-8)  # [Hkv, 1, D]
+        if fmt.v_rotate == "plain":
+            rms = torch.ones_like(rms)
+        rot = hadamard(dp, "cpu").to(vc.device)
+        vc = torch.nn.functional.pad(vc / rms, (0, dp - D)) @ rot
+        back = rot.T.double()[:, :D] * rms.double()  # [Hkv, dp, D]
+    if fmt.v == "exact":
+        return vc.double(), back
+    nb = -(-Sk // block_n)
+    vb = torch.nn.functional.pad(vc, (0, 0, 0, nb * block_n - Sk)).view(Hkv, nb, block_n, -1)
+    if fmt.v == "fp8":  # per channel, block b's grid stretched by 2^g_b (attention_emulated)
+        vs = vc.abs().amax(1, keepdim=True).clamp_min(1e-8)[:, None] / 448.0
+        tau = torch.exp2(_v_block_log2_scale(nb * block_n, block_n, vc.device))
+        vs = vs * tau.view(1, nb, block_n, 1)
+        vq = _fp8_round(vb / vs) * vs
+    else:
+        if fmt.v_scale == "channel":
+            vs = vc.abs().amax(1, keepdim=True)[:, None]  # [Hkv, 1, 1, Dv]
+        elif fmt.v_scale == "channel-block":
+            vs = vb.abs().amax(2, keepdim=True)  # [Hkv, nb, 1, Dv]
+        else:
+            vs = vb.abs().amax((2, 3), keepdim=True)  # [Hkv, nb, 1, 1]
+        vs = vs.clamp_min(1e-8) / 127.0
+        vq = _int8_round(vb / vs) * vs
+    return vq.reshape(Hkv, nb * block_n, -1)[:, :Sk].double(), back
+
+
+def _pv_rows(s: torch.Tensor, vq: torch.Tensor, fmt: PVFormat, block_n: int):
+    """One chunk of rows: scores s [R, Sk] float64 (natural log), rounded V [Sk, Dv] ->
+    (numerator [R, Dv], denominator [R], row max [R]), both in the row max's frame."""
+    R, Sk = s.shape
+    nb = -(-Sk // block_n)
+    sb = torch.nn.functional.pad(s, (0, nb * block_n - Sk), value=float("-inf"))
+    sb = sb.view(R, nb, block_n)
+    bmax = sb.amax(-1)  # [R, nb]: the row's max over each kv block
+    m_run = torch.cummax(bmax, dim=-1).values  # the kernel's running max after each block
+    m = m_run[:, -1:]
+    ref = bmax if fmt.p_ref == "block" else m_run
+    rel = torch.exp(sb - ref[..., None])  # P against its reference, in [0, 1]
+    if fmt.p == "fp8":
+        pq, unit = _fp8_round((rel * 2.0 ** P_SHIFT.value).float()).double(), 2.0 ** -P_SHIFT.value
+    elif fmt.p == "exact":
+        pq, unit = rel, 1.0
+    else:
+        pq, unit = torch.round(rel * 255.0), 1.0 / 255.0
+        if fmt.p == "u8x2":
+            pq = pq + torch.round((rel * 255.0 - pq) * 255.0) / 255.0
+    frame = torch.exp(ref - m)[..., None]  # [R, nb, 1]: each block's weight in the max's frame
+    w = (pq * (frame * unit)).view(R, -1)[:, :Sk]
+    if fmt.row_sum == "rounded":
+        den = w.sum(-1)
+    else:  # f16: the copy of P in [0, 255] that the row-sum dot reads
+        r = (rel * 255.0).float().to(torch.float16).double() / 255.0 if fmt.row_sum == "f16" \
+            else rel
+        den = (r * frame).view(R, -1)[:, :Sk].sum(-1)
+    return w @ vq, den, m[:, 0]
+
+
+def attention_blockwise_emulated(q, k, v, recipe, pv: PVFormat = PV_TODAY, *,
+                                 layout: str = "NHD", scale: float | None = None,
+                                 block_n: int = 256, exact_qk: bool = False, chunk: int = 1024,
+                                 rows: torch.Tensor | None = None):
+    """Attention as the kernels compute it block by block, with P and V rounded per ``pv``
+    (a :class:`PVFormat`); Q and K rounded as ``recipe`` says (``exact_qk``: not rounded), as
+    :func:`attention_emulated` does. Returns (out in q's layout, lse [B, H, Sq]), float64.
+
+    Per query row the keys go in kv blocks of ``block_n`` (the warp-specialized kernel's 256:
+    two 128-key halves under one max, one K scale and one V grid factor per block); each block's
+    P is rounded after exp against the running max (or the block's max, ``pv.p_ref``) as the
+    kernel has it at that block, and weighed into the running sums; the sums themselves are
+    exact (float64: the kernels' fp32 accumulation of the block sums adds far less). With
+    ``pv=PV_TODAY`` this is today's recipe with the kernels' running max instead of
+    attention_emulated's final one: the same error to within a few percent. Non-causal only.
+    ``rows``: only these query rows (Q and K still quantized from all tokens), for long
+    sequences; out and lse then hold those rows.
+    """
+    qh, kh, vh = (_to_hnd(t, layout).to(torch.float32) for t in (q, k, v))
+    B, H, Sq, D = qh.shape
+    Hkv = kh.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    q_dq, k_dq, row_shift = _emulated_qk(qh, kh, recipe, scale=scale, block_n=block_n,
+                                         exact_qk=exact_qk)
+    v_mean = vh.mean(dim=2, keepdim=True) if recipe.center_v else torch.zeros_like(vh[:, :, :1])
+    if rows is not None:
+        q_dq, row_shift = q_dq[:, :, rows], row_shift[:, :, rows]
+        Sq = q_dq.shape[2]
+    out = torch.empty(B, H, Sq, D, dtype=torch.float64, device=qh.device)
+    lse = torch.empty(B, H, Sq, dtype=torch.float64, device=qh.device)
+    for b in range(B):
+        vq, back = _pv_round_v(vh[b] - v_mean[b], pv, block_n)
+        for h in range(H):
+            hk = h // (H // Hkv)
+            kd = k_dq[b, hk].double()
+            for r0 in range(0, Sq, chunk):
+                r1 = min(Sq, r0 + chunk)
+                s = (q_dq[b, h, r0:r1].double() @ kd.T) * scale
+                num, den, m = _pv_rows(s, vq[hk], pv, block_n)
+                o = num / den[:, None]
+                out[b, h, r0:r1] = (o @ back[hk] if back is not None else o) + v_mean[b, hk]
+                lse[b, h, r0:r1] = m + torch.log(den) + row_shift[b, h, r0:r1, 0]
+    return (out.transpose(1, 2) if layout == "NHD" else out), lse
 
 
 # ---------------------------------------------------------------------------------------------
