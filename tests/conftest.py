@@ -194,3 +194,20 @@ def diffusers_state():
     yield
     ad._AttentionBackendRegistry.set_active_backend(active)
     fd.set_recipe(None)
+
+
+@pytest.fixture
+def sdpa_mask_dtypes(monkeypatch):
+    """The dtype of every ``attn_mask`` that reaches torch's SDPA from here on (None for no
+    mask): fp8dit's fallbacks must hand it masks in the inputs' dtype (fp8dit.sdpa.sdpa_mask)."""
+    import torch
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        seen.append(None if attn_mask is None else attn_mask.dtype)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    return seen

@@ -178,7 +178,7 @@ def _qkv(B, Sq, Sk, H, D, seed=0):
     return q, k, v
 
 
-def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
+def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog, sdpa_mask_dtypes):
     monkeypatch.setattr(fd, "_logged", set())
     monkeypatch.setattr("fp8dit.dispatch._logged", set())  # fp8dit.key_padding logs there
     q, k, v = _qkv(2, 64, 48, 2, 64)
@@ -206,16 +206,9 @@ def test_mask_falls_back_to_sdpa_logged_once(monkeypatch, caplog):
                                  attention_kwargs={"return_lse": True})
     # the fp32 bias reaches SDPA in the inputs' dtype, as its fused CUDA backends read it
     # (fp8dit.sdpa.sdpa_mask)
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*args, attn_mask=None, **kwargs):
-        seen.append(attn_mask.dtype)
-        return sdpa(*args, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    del sdpa_mask_dtypes[:]
     out = ad.dispatch_attention_fn(q, k, v, attn_mask=bias, backend="fp8dit")
-    assert seen == [torch.bfloat16]
+    assert sdpa_mask_dtypes == [torch.bfloat16]
     assert error_stats(out, ref).cos > 0.9999
 
 

@@ -129,25 +129,17 @@ def test_other_masks_and_dropout_fall_back_to_sdpa_logged_once(caplog, device):
     assert attend(engine, q, k, v, dropout_p=0.1).shape == q.shape
 
 
-def test_sdpa_fallback_gets_a_float_mask_in_the_inputs_dtype(monkeypatch, device):
+def test_sdpa_fallback_gets_a_float_mask_in_the_inputs_dtype(device, sdpa_mask_dtypes):
     """An fp32 additive mask with bf16 inputs reaches SDPA in bf16, with and without dropout:
     SDPA's fused CUDA backends read a float mask in the inputs' dtype (cuDNN reads an fp32 one
     as 16-bit halves and masks nothing here; fp8dit.sdpa.sdpa_mask)."""
     q, k, v = _qkv(sk=40, device=device)
     additive = torch.zeros(1, 1, 1, 40, device=device)
     additive[..., 30:] = -math.inf
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*args, attn_mask=None, **kwargs):
-        seen.append(attn_mask.dtype)
-        return sdpa(*args, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     engine = Engine("test")
     out, lse = attend(engine, q, k, v, attn_mask=additive, return_lse=True)
     attend(engine, q, k, v, attn_mask=additive, dropout_p=0.1)
-    assert seen == [torch.bfloat16, torch.bfloat16]
+    assert sdpa_mask_dtypes == [torch.bfloat16, torch.bfloat16]
     assert additive.dtype == torch.float32  # the caller's mask unchanged
     ref, ref_lse = attention_ref(q, k[:, :30], v[:, :30], return_lse=True)
     assert error_stats(out, ref).cos > 0.9999  # the bound's reason: the test above

@@ -362,10 +362,5 @@ def test_sglang_commands_take_fp8dit(cli, name, ulysses, ring):
 
 
 def _check(got, one, ref, what):
-    vs_one, vs_ref, one_vs_ref = error_stats(got, one), error_stats(got, ref), \
-        error_stats(one, ref)
-    ratio = vs_ref.rel_l1 / max(one_vs_ref.rel_l1, 1e-12)
-    print(f"{what}: vs one process {vs_one}; vs fp64 {vs_ref} (x{ratio:.2f} the one-process "
-          f"call's rel-L1)")
-    assert not vs_one.nan and vs_one.cos >= COS_VS_ONE_PROCESS, (what, vs_one)
-    assert ratio <= ERROR_RATIO_VS_FP64, (what, vs_ref, one_vs_ref)
+    engine_ranks.check_against_one_process(got, one, ref, what, COS_VS_ONE_PROCESS,
+                                           ERROR_RATIO_VS_FP64)

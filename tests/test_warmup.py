@@ -21,7 +21,8 @@ def test_warmup_runs_each_shape_and_reports_what_ran(capsys):
 
 
 @pytest.mark.parametrize("bad, match", [
-    ([(1, 2, 64)], r"shapes: expected \(B, H, S, D\) tuples of positive integers, got \(1, 2, 64\)"),
+    ([(1, 2, 64)],
+     r"shapes: expected \(B, H, S, D\) tuples of positive integers, got \(1, 2, 64\)"),
     ([(1, 0, 64, 64)], "got \\(1, 0, 64, 64\\)"),
     ([(1, 2, 64.5, 64)], "got \\(1, 2, 64.5, 64\\)"),
 ])

@@ -53,3 +53,18 @@ def run(fn, *args, timeout_s: float = 240.0) -> list:
                     p.join()
         print(f"\n{WORLD} ranks: {time.monotonic() - t0:.1f} s")
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def check_against_one_process(got, one, ref, what, cos_min, error_ratio_max):
+    """A rank's output ``got`` against the one-process call's ``one`` (cosine at least
+    ``cos_min``) and both against the fp64 ``ref`` (``got``'s rel-L1 at most
+    ``error_ratio_max`` times ``one``'s: a wrong LSE merge moves that ratio far up)."""
+    from fp8dit.testing import error_stats
+
+    vs_one, vs_ref, one_vs_ref = error_stats(got, one), error_stats(got, ref), \
+        error_stats(one, ref)
+    ratio = vs_ref.rel_l1 / max(one_vs_ref.rel_l1, 1e-12)
+    print(f"{what}: vs one process {vs_one}; vs fp64 {vs_ref} (x{ratio:.2f} the one-process "
+          f"call's rel-L1)")
+    assert not vs_one.nan and vs_one.cos >= cos_min, (what, vs_one)
+    assert ratio <= error_ratio_max, (what, vs_ref, one_vs_ref)

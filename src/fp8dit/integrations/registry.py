@@ -78,3 +78,27 @@ def raise_if_unfit(problems: list[str], engine: str, dist: str, version: str,
         f"{version}): " + "; ".join(problems)
         + f". Install {dist}=={version} or update fp8dit/integrations/{adapter}.py."
     )
+
+
+BACKEND_CLASSES = ("Fp8ditAttentionBackend", "Fp8ditAttentionImpl")
+
+
+def publish(module: str, store: dict, backend, impl) -> tuple:
+    """Name an engine's backend and impl classes, built inside a function, as attributes of the
+    adapter ``module`` (where the engine resolves them by import path) and keep them in
+    ``store``; returns (backend, impl)."""
+    for cls in (backend, impl):
+        cls.__module__, cls.__qualname__ = module, cls.__name__
+    store.update(backend=backend, impl=impl)
+    return backend, impl
+
+
+def lazy_classes(module: str, build):
+    """A module ``__getattr__`` that resolves :data:`BACKEND_CLASSES` through ``build()``: an
+    engine resolves them by import path once it is importable, without importing the engine
+    when fp8dit's adapter module is imported."""
+    def __getattr__(name):
+        if name in BACKEND_CLASSES:
+            return build()[BACKEND_CLASSES.index(name)]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return __getattr__

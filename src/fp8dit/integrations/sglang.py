@@ -39,6 +39,7 @@ import inspect
 import logging
 import sys
 
+from . import registry
 from .engine_core import Engine, attend, attend_varlen
 from .registry import add_member, enum_problems, params, raise_if_unfit
 
@@ -305,16 +306,8 @@ def backend_classes():
         def supports_ring_rotation(cls) -> bool:
             return True
 
-    for cls in (Fp8ditAttentionBackend, Fp8ditAttentionImpl):
-        cls.__module__, cls.__qualname__ = __name__, cls.__name__
-    _classes.update(backend=Fp8ditAttentionBackend, impl=Fp8ditAttentionImpl)
-    return Fp8ditAttentionBackend, Fp8ditAttentionImpl
+    return registry.publish(__name__, _classes, Fp8ditAttentionBackend, Fp8ditAttentionImpl)
 
 
-def __getattr__(name):
-    # fp8dit.integrations.sglang.Fp8ditAttentionBackend resolves (pkgutil.resolve_name) once
-    # SGLang is importable, without importing SGLang when this module is imported.
-    if name in ("Fp8ditAttentionBackend", "Fp8ditAttentionImpl"):
-        backend, impl = backend_classes()
-        return backend if name == "Fp8ditAttentionBackend" else impl
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the engine resolves fp8dit's classes by import path, built on first use
+__getattr__ = registry.lazy_classes(__name__, backend_classes)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from . import registry
 from .engine_core import Engine, attend
 from .registry import add_member, enum_problems, import_engine, params, raise_if_unfit
 
@@ -243,16 +244,8 @@ def backend_classes():
         def get_supported_head_sizes() -> list[int]:
             return list(range(1, MAX_HEAD_DIM + 1))
 
-    for cls in (Fp8ditAttentionBackend, Fp8ditAttentionImpl):
-        cls.__module__, cls.__qualname__ = __name__, cls.__name__
-    _classes.update(backend=Fp8ditAttentionBackend, impl=Fp8ditAttentionImpl)
-    return Fp8ditAttentionBackend, Fp8ditAttentionImpl
+    return registry.publish(__name__, _classes, Fp8ditAttentionBackend, Fp8ditAttentionImpl)
 
 
-def __getattr__(name):
-    # vLLM-Omni resolves the member's value (this module's Fp8ditAttentionBackend) by import and
-    # getattr: the classes are built then, without importing vLLM-Omni when fp8dit is imported.
-    if name in ("Fp8ditAttentionBackend", "Fp8ditAttentionImpl"):
-        backend, impl = backend_classes()
-        return backend if name == "Fp8ditAttentionBackend" else impl
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the engine resolves fp8dit's classes by import path, built on first use
+__getattr__ = registry.lazy_classes(__name__, backend_classes)
