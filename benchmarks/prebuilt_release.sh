@@ -8,7 +8,8 @@
 # Usage: bash benchmarks/prebuilt_release.sh OUTDIR PACK.tar.xz [BASELINE_SRC]
 #   PACK: a release packed by shared/tools/slim_triton.sh; BASELINE_SRC: another checkout's src/
 #   (e.g. `git archive COMMIT src | tar -x -C .old`, then .old/src). PRESETS, ROUNDS (default 2),
-#   STEPS (default "bench check tests warmup"). Pass FP8DIT_COMMIT=$(git rev-parse --short HEAD)
+#   STEPS (default "bench check tests warmup"), BENCHES (default "this36 prebuilt own"), TESTS
+#   (the test files of the tests step), JOBS (test files at once, default 1). Pass FP8DIT_COMMIT=$(git rev-parse --short HEAD)
 #   from the checkout: the rows name that commit (the GPU machine's copy of the tree may carry
 #   an older .git).
 set -u
@@ -36,9 +37,13 @@ for step in ${STEPS:-bench check tests warmup}; do
   case $step in
     bench)
       [ -n "$base" ] && bench base36 "$base"
-      bench this36 "$root/src"
-      bench prebuilt "$rel"
-      bench own "$rel" FP8DIT_PREBUILT=0 ;;
+      for b in ${BENCHES:-this36 prebuilt own}; do
+        case $b in
+          this36) bench this36 "$root/src" ;;
+          prebuilt) bench prebuilt "$rel" ;;
+          own) bench own "$rel" FP8DIT_PREBUILT=0 ;;
+        esac
+      done ;;
     check)
       PYTHONPATH="$rel" python3 "$root/benchmarks/kernel_release.py" check > "$out/check.jsonl" 2> "$out/check.err"
       echo "== check rc=$?"; python3 -c "
@@ -48,7 +53,7 @@ for r in rows:
     if r.get('vs') == 'fp64': print(r['case'], r['kernel'], r['rel_l1'], r['cos'], r['lse_max_err'], r['ok'])" "$out/check.jsonl" ;;
     tests)
       PYTHONPATH="$rel" FP8DIT_KERNEL=gluon-ws \
-        FILES="tests/test_attention_fp8.py tests/test_sm90_gluon.py tests/test_prebuilt.py" \
+        FILES="${TESTS:-tests/test_attention_fp8.py tests/test_recipes.py tests/test_stress.py tests/test_sm90_gluon.py tests/test_prebuilt.py}" \
         bash "$root/benchmarks/gpu_suite.sh" "$out/tests" ;;
     warmup)
       rm -rf /tmp/tc-warm
