@@ -185,3 +185,25 @@ def test_rotation_at_head_dim_256_runs_on_cpu_tensors():
     q, k, v = make_qkv(1, 2, 40, 200, seed=0)
     out = fp8dit.attention(q, k, v, backend="fp8", recipe="int8qk-fp8pv-rot")
     assert error_stats(out, attention_ref(q, k, v)).rel_l1 < 0.05
+
+
+_SM90 = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not _SM90, reason=(
+    "needs an sm_90 GPU: the refusal guards a compiled launch's shared memory (the interpreter "
+    "has no limit)"))
+@pytest.mark.parametrize("recipe,qk_terms", [("int8qk-fp8pv-rot", 1), ("int8x2qk-fp8pv", 2)])
+def test_what_the_sm90_rotation_refusal_spares(monkeypatch, recipe, qk_terms):
+    """With the dispatcher's check taken away, the rotated quantization at head dim 256 fails
+    to launch on sm_90 asking for the shared memory ``device.ROTATION_SHARED_BYTES`` records
+    (the figure behind the refusal); at 128 the same recipe runs and matches fp64."""
+    monkeypatch.setattr(dispatch, "recipe_unfit_reason", lambda q, recipe: None)
+    need = device.ROTATION_SHARED_BYTES[(256, qk_terms)]
+    assert need > device.NVIDIA_SHARED_BYTES["sm_90"]
+    q, k, v = make_qkv(1, 2, 256, 256, device=DEVICE, seed=3)
+    with pytest.raises(Exception, match=rf"shared memory, Required: {need}\b"):
+        fp8dit.attention(q, k, v, backend="fp8", recipe=recipe)
+    q, k, v = make_qkv(1, 2, 256, 128, device=DEVICE, seed=3)
+    out = fp8dit.attention(q, k, v, backend="fp8", recipe=recipe)
+    assert error_stats(out, attention_ref(q, k, v)).rel_l1 < 0.05

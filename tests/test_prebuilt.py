@@ -26,6 +26,12 @@ TOOLS = os.path.join(os.path.dirname(__file__), "tools")
 # row. Built by triton 3.8 the D=128 loop issued each 128-key half's 64 back to back, and ran
 # 19% slower (H100, 2026-12-06; docs/triton_releases.md).
 MAX_MUFU_RUN = 8
+BINDIR = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# A Triton packed without the ptxas its wheel bundles (slimmed for a machine without a package
+# registry) takes the release's own build everywhere; every pip install of 3.6-3.9 has it.
+needs_bundled_ptxas = pytest.mark.skipif(
+    not os.path.exists(os.path.join(BINDIR, "ptxas")),
+    reason="this Triton installation lacks the ptxas its wheel bundles")
 
 
 def _shipped_configs():
@@ -104,6 +110,7 @@ def _launch_args(dtype=torch.bfloat16, **changes):
     return ints, pointers
 
 
+@needs_bundled_ptxas
 def test_which_launches_the_shipped_ptx_serves(monkeypatch):
     const = prebuilt.config_constexprs(128, False)
     monkeypatch.delenv("FP8DIT_PREBUILT", raising=False)
@@ -158,6 +165,7 @@ def test_ptx_file_is_content_addressed_and_checked(tmp_path, monkeypatch):
     prebuilt.ptx_path.cache_clear()
 
 
+@needs_bundled_ptxas
 def test_the_launch_takes_the_shipped_ptx_where_it_fits(monkeypatch):
     """``attend`` launches the kernel with Triton's ``ir_override`` where the shipped PTX fits
     the launch, and without it where it does not (here: fp16 outputs)."""
@@ -206,6 +214,7 @@ def _main_loop(cubin: bytes) -> list[str]:
     return [re.sub(r"^@!?U?P\w+\s+", "", t.strip()) for t in loop]
 
 
+@needs_bundled_ptxas
 @pytest.mark.skipif(RELEASE not in ("3.8", "3.9"),
                     reason=f"triton {RELEASE} builds the kernel itself (the shipped PTX is taken "
                            "on 3.8 and 3.9)")
@@ -214,9 +223,6 @@ def test_release_builds_the_shipped_ptx_into_the_measured_code(dp, tmp_path, mon
     """Built by this release with the shipped PTX, the dense kernel is that PTX assembled by the
     ptxas 12.9 the release bundles (not 3.9's ptxas-blackwell, measured slower), with the
     launch metadata triton 3.6 gave it: the same shared memory and warps."""
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not os.path.exists(os.path.join(bindir, "ptxas")):
-        pytest.skip("this Triton installation lacks the ptxas its wheel bundles")
     name = prebuilt.config_name(dp, False)
     environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     environ.update(XDG_CACHE_HOME=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path / "triton"))
@@ -231,10 +237,10 @@ def test_release_builds_the_shipped_ptx_into_the_measured_code(dp, tmp_path, mon
     # the same PTX through the bundled ptxas 12.9, by hand
     src = tmp_path / "k.ptx"
     src.write_text(shipped)
-    subprocess.run([os.path.join(bindir, "ptxas"), "-lineinfo", "--regAllocOptLevel=2",
+    subprocess.run([os.path.join(BINDIR, "ptxas"), "-lineinfo", "--regAllocOptLevel=2",
                     "--gpu-name=sm_90a", str(src), "-o", str(tmp_path / "k.cubin")],
                    check=True, capture_output=True)
-    version = subprocess.run([os.path.join(bindir, "ptxas"), "--version"],
+    version = subprocess.run([os.path.join(BINDIR, "ptxas"), "--version"],
                              capture_output=True, text=True).stdout
     assert "release 12.9" in version, version
     by_hand = _main_loop((tmp_path / "k.cubin").read_bytes())
@@ -246,6 +252,7 @@ def test_release_builds_the_shipped_ptx_into_the_measured_code(dp, tmp_path, mon
     prebuilt.ptx_path.cache_clear()
 
 
+@needs_bundled_ptxas
 def test_without_a_ptxas_12_the_release_builds_the_kernel_itself():
     """A Triton installation without its bundled ptxas 12.x (or one pointed at ptxas 13), where
     3.9 would assemble the shipped PTX with its ptxas-blackwell (measured slower): the launch
