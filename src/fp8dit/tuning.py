@@ -354,10 +354,12 @@ DEFAULT = Tuning(
                         "136.7, 211.3, 26.53 and 6.36; both kernels against fp64 at 4 shapes "
                         "and the FP8 path's GPU tests passed with it"),
         VerifiedRelease("3.9", "NVIDIA H100 80GB HBM3", "2026-12-06",
-                        "its build of the shipped PTX is byte for byte 3.8's (the same ptxas "
-                        "12.9; CPU), whose speed and fp64 checks are 3.8's entry; 3.9's own "
-                        "build took 128.6 ms at Wan2.2 720p against 117.5 for 3.6's (H200, "
-                        "2026-12-06), 3.6's PTX through 3.9's ptxas 13.4 132.2 against 116.7"),
+                        "commit 0812edb: built from triton 3.6's PTX (the cubin 3.8 builds, "
+                        "byte for byte) the kernel took 124.5, 181.2, 23.14 and 6.45 ms at "
+                        "Wan2.2 720p, HunyuanVideo 720p, Wan 480p and CogVideoX-5B, 3.6's build "
+                        "120.9, 174.9, 23.26 and 6.29, 3.9's own 131.9, 193.3, 24.39 and 6.32; "
+                        "interleaved on another H100 98.0-98.6% of 3.6's kernel; both kernels "
+                        "against fp64 at 4 shapes and the FP8 path's GPU tests passed with it"),
     ),
     quantization=Quantization(
         kv_rows=Table({128: 32, 64: 64}),
