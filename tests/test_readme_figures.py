@@ -18,14 +18,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Generated blocks each file must keep (deleting a block would silently drop its check).
 REQUIRED = {
-    "README.md": {"readme-speed", "readme-quality", "triton-fallback"},
-    "docs/performance.md": {"speed", "repeat", "kernels", "by-length", "forward"},
-    "docs/accuracy.md": {"quality-by-preset"},
+    "README.md": {"readme-speed", "readme-quality", "triton-fallback", "h100-headline"},
+    "docs/performance.md": {"speed", "repeat", "kernels", "by-length", "forward", "h100-speed",
+                            "h100-models"},
+    "docs/accuracy.md": {"quality-by-preset", "h100-quality"},
 }
 # Files whose every table of speed figures must be generated (the others also hold hand-kept
 # measurements that no results file has: fp64 errors, decisions' A/B timings).
 GENERATED_ONLY = ("README.md", "docs/performance.md")
 RATIO = re.compile(r"\d+\.\d\dx")
+H100_FILE = "nvidia-h100-80gb-hbm3.json"
+# The speed tables in README's columns: (file, block, run, the results file of its GPU).
+SPEED_TABLES = (
+    ("README.md", "readme-speed", "headline", "nvidia-h200.json"),
+    ("docs/performance.md", "h100-speed", "h100", H100_FILE),
+    ("docs/performance.md", "h100-models", "h100-models", H100_FILE),
+)
+# Their peers' columns, by how the header begins.
+PEER_COLUMNS = {"cuDNN FP8": "cudnn-fp8", "SageAttention": "sageattn"}
+H100_BLOCKS = (("README.md", "h100-headline"), ("docs/performance.md", "h100-speed"),
+               ("docs/performance.md", "h100-models"), ("docs/accuracy.md", "h100-quality"))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +88,8 @@ def test_an_edited_figure_is_caught(results, rel, name):
     text = _text(rel)
     lines = text.split("\n")
     first, end = next((a, b) for n, a, b in report.blocks_in(text, rel) if n == name)
-    last = end - 1  # the block's last line: a table row, or its sentence
+    # the block's last line with a figure: a table row, or its sentence (not a note under it)
+    last = max(i for i in range(first, end) if re.search(r"\d", lines[i]))
     m = re.search(r"\d(?=[\d.,]*x)|\d", lines[last])  # a ratio's digit where there is one
     assert m, f"block {name!r} of {rel} ends without a figure"
     lines[last] = lines[last][:m.start()] + str((int(m.group(0)) + 1) % 10) + lines[last][m.end():]
@@ -86,30 +99,76 @@ def test_an_edited_figure_is_caught(results, rel, name):
     assert made == report.render(text, results, rel)  # and the generator puts it back
 
 
-def test_the_readme_speed_table_is_the_named_run():
-    """Independently of the generator's formatting code: every ratio of the README's speed table
-    is the row of the run ``RUNS["headline"]`` names, read with ``fp8dit bench``'s loader and
-    rounded as printed; the run is one run (one date)."""
-    rows = [r for r in bench.load_results(ROOT / "benchmarks/results/nvidia-h200.json")
-            if r.get("commit") == report.RUNS["headline"]]
-    assert rows and len({r["date"] for r in rows}) == 1, "the headline must be one bench run"
+def _bench_run(results_file: str, run: str) -> list[dict]:
+    """The rows of ``run`` read with ``fp8dit bench``'s loader: those of its commit in its GPU's
+    file and, where ``RUN_SOURCES`` names one, of its date. One bench call (one date) on one
+    card with one set of versions."""
+    date = report.RUN_SOURCES.get(run, (None, None))[1]
+    rows = [r for r in bench.load_results(ROOT / "benchmarks/results" / results_file)
+            if r.get("commit") == report.RUNS[run] and date in (None, r.get("date"))]
+    assert rows, f"RUNS[{run!r}] has no rows in {results_file}"
+    for field in ("date", "gpu", "gpu_uuid", "torch", "triton", "cudnn"):
+        assert len({r.get(field) for r in rows}) == 1, f"{run}: rows of several {field}s"
+    return rows
+
+
+@pytest.mark.parametrize("rel,name,run,results_file", SPEED_TABLES)
+def test_each_speed_table_is_its_named_run(rel, name, run, results_file):
+    """Independently of the generator's formatting code: every ratio of a speed table is the row
+    of the run it names in its GPU's results file, read with ``fp8dit bench``'s loader and
+    rounded as printed; the line above the table names that run's GPU, day, commit, versions."""
+    rows = _bench_run(results_file, run)
     by = {(r["preset"], r["backend"]): r for r in rows}
     labels = {v: k for k, v in report.MODEL_LABELS.items()}
-    table = [ln for ln in _block(_text("README.md"), "readme-speed") if ln.startswith("| ")]
-    body = [[c.strip() for c in ln.strip("|").split("|")] for ln in table[1:]]
-    assert len(body) == len({p for p, _ in by}), "one README row per preset of the run"
-    for label, f8, vs, auto, kernel, cud8, sage in body:
+    block = _block(_text(rel), name)
+    first = rows[0]
+    assert block[0].startswith(f"One {first['gpu']}, {first['date'][:10]}, commit "
+                               f"{report.RUNS[run]}: torch {first['torch']}, triton "
+                               f"{first['triton']}, "), block[0]
+    header, *body = [[c.strip() for c in ln.strip("|").split("|")] for ln in block
+                     if ln.startswith("| ")]
+    assert len(body) == len({p for p, _ in by}), f"one {name} row per preset of the run"
+    peers = {col: b for col in header for start, b in PEER_COLUMNS.items()
+             if col.startswith(start)}
+    for cells in body:
+        got = dict(zip(header, cells))
+        label = cells[0]
         preset = labels[label.split(" (")[0]]
 
         def x(backend, preset=preset):
             return f"{by[(preset, backend)]['speedup_vs_cudnn']:.2f}x"
 
-        assert vs.strip("*") == x("fp8dit"), label
-        assert auto.split(" ")[0] == x("fp8dit-auto"), label
-        assert kernel == x("fp8dit-kernel"), label
-        assert cud8 == x("cudnn-fp8"), label
-        assert sage == x("sageattn"), label
-        assert f"{by[(preset, 'fp8dit')]['tflops']:,.0f} TFLOPS" in f8, label
+        assert got["vs cuDNN"].strip("*") == x("fp8dit"), label
+        assert got["`auto`"].split(" ")[0] == x("fp8dit-auto"), label
+        assert got["kernel alone"] == x("fp8dit-kernel"), label
+        for col, backend in peers.items():
+            assert got[col] == x(backend), (label, col)
+        assert f"{by[(preset, 'fp8dit')]['tflops']:,.0f} TFLOPS" in got["fp8dit"], label
+    for backend in set(PEER_COLUMNS.values()) - set(peers.values()):  # a peer left out ran nowhere
+        assert all(r.get("ms") is None for r in rows if r["backend"] == backend), backend
+
+
+@pytest.mark.parametrize("rel,name", H100_BLOCKS)
+def test_the_h100_blocks_are_the_h100_run_alone(rel, name):
+    """The H100's figures stay apart from the H200's: each H100 block names the H100 run's
+    commit and no commit of a run or forward benchmark measured on the H200."""
+    text = "\n".join(_block(_text(rel), name))
+    h100 = {c for run, c in report.RUNS.items() if run in report.RUN_SOURCES}
+    h200 = ({c for run, c in report.RUNS.items() if run not in report.RUN_SOURCES}
+            | {commit for _, commit, *_ in report.FORWARD_ROWS})
+    assert h100 == {"d850617"} and not h100 & h200
+    assert "H100 80GB HBM3" in text and "d850617" in text and "H200" not in text
+    assert not [c for c in h200 if c in text], f"{name} names an H200 run"
+
+
+def test_the_h100_quality_spans_the_h100_rows():
+    """The fp8dit row of the H100's quality table is the span over both H100 runs' rows."""
+    rows = _bench_run(H100_FILE, "h100") + _bench_run(H100_FILE, "h100-models")
+    line = next(ln for ln in _block(_text("docs/accuracy.md"), "h100-quality")
+                if ln.startswith("| fp8dit"))
+    for key, fmt in (("cos_vs_ref", ".5f"), ("rel_l1_vs_ref", ".4f")):
+        got = [r[key] for r in rows if r["backend"] == "fp8dit"]
+        assert f"| {min(got):{fmt}}-{max(got):{fmt}} |" in line, (key, line)
 
 
 def test_every_named_run_is_in_the_results(results):

@@ -4,7 +4,9 @@ Every generated part of a Markdown file sits between ``<!-- report:NAME -->`` an
 ``<!-- /report -->``, where NAME is a key of :data:`BLOCKS`; nothing between the markers is
 typed by hand. ``docs/speed.png`` is drawn from the same rows and carries a digest of the data
 it plots. A new measurement reaches the docs this way: merge its rows into the results file
-(``fp8dit bench`` does), name its commit in :data:`RUNS` and run the generator.
+(``fp8dit bench`` does), name its commit in :data:`RUNS` and run the generator. Each GPU's rows
+are in a file of their own (:data:`BENCH_FILES`) and a run reads one file, so no table mixes two
+GPUs.
 
 Example
 -------
@@ -25,6 +27,7 @@ import re
 import struct
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 # The runs the docs show, by the commit each results row records. The warp-specialized kernel's
@@ -36,6 +39,22 @@ RUNS = {
     "repeat": "969c502",
     "triton-kernel": "0aa92d8",
     "by-length": "3c17f97",
+    # One H100 80GB HBM3: `fp8dit bench --preset all`, then `--preset models` (RUN_SOURCES).
+    "h100": "d850617",
+    "h100-models": "d850617",
+}
+
+# The `fp8dit bench` results files, by the key of load_results' answer that holds their rows.
+BENCH_FILES = {"attention": "nvidia-h200.json", "h100": "nvidia-h100-80gb-hbm3.json"}
+
+# Runs that are not every row of their commit in nvidia-h200.json: run -> (the BENCH_FILES key
+# of their file, the date `fp8dit bench` gave their rows). The H100 file's rows of d850617 are
+# two bench calls on one card, one date each, then an interleaved comparison of Triton releases
+# on a second card (triton 3.6, 3.8 and 3.9 at Wan2.2 720p): the date keeps each table to one
+# call and the comparison out.
+RUN_SOURCES = {
+    "h100": ("h100", "2026-12-06T10:17:11Z"),
+    "h100-models": ("h100", "2026-12-06T10:18:47Z"),
 }
 
 # Preset (bench name) -> how the docs name the model and resolution.
@@ -100,34 +119,44 @@ class ReportError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
+def _read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        rows = json.loads(path.read_text())
+    except ValueError as e:
+        raise ReportError(f"{path}: not a readable JSON results file ({e})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ReportError(f"{path}: expected a JSON list of row objects")
+    return rows
+
+
 def load_results(root: Path) -> dict[str, list[dict]]:
-    """``{"attention": the rows of nvidia-h200.json (`fp8dit bench`), "forward": the rows of every
-    nvidia-h200*forward*.json (the whole-model benchmarks)}`` from ``root/benchmarks/results``."""
+    """``{"attention": the rows of nvidia-h200.json, "h100": the rows of
+    nvidia-h100-80gb-hbm3.json (each GPU's `fp8dit bench` rows, :data:`BENCH_FILES`), "forward":
+    the rows of every nvidia-h200*forward*.json (the whole-model benchmarks)}`` from
+    ``root/benchmarks/results``."""
     folder = Path(root) / "benchmarks" / "results"
-    out: dict[str, list[dict]] = {"attention": [], "forward": []}
-    for path in sorted(folder.glob("nvidia-h200*.json")):
-        if path.name != "nvidia-h200.json" and "forward" not in path.stem:
-            continue
-        try:
-            rows = json.loads(path.read_text())
-        except ValueError as e:
-            raise ReportError(f"{path}: not a readable JSON results file ({e})") from None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise ReportError(f"{path}: expected a JSON list of row objects")
-        out["attention" if path.name == "nvidia-h200.json" else "forward"].extend(rows)
-    if not out["attention"]:
-        raise ReportError(f"{folder}: no rows in nvidia-h200.json (the `fp8dit bench` rows)")
+    out = {key: _read_rows(folder / name) for key, name in BENCH_FILES.items()}
+    out["forward"] = [r for path in sorted(folder.glob("nvidia-h200*forward*.json"))
+                      for r in _read_rows(path)]
+    for key, name in BENCH_FILES.items():
+        if not out[key]:
+            raise ReportError(f"{folder}: no rows in {name} (the `fp8dit bench` rows)")
     return out
 
 
 def run_rows(results, run: str) -> dict[tuple[str, str], dict]:
-    """The attention rows of ``RUNS[run]``, by (preset, backend); the latest row of a commit
-    where it has several."""
+    """The attention rows of ``RUNS[run]`` in its GPU's file (:data:`RUN_SOURCES`; else
+    nvidia-h200.json), by (preset, backend); the latest row of a commit where it has several."""
     commit = RUNS[run]
-    rows = sorted((r for r in results["attention"] if r.get("commit") == commit),
-                  key=lambda r: r["date"])
+    source, date = RUN_SOURCES.get(run, ("attention", None))
+    rows = sorted((r for r in results[source] if r.get("commit") == commit
+                   and date in (None, r.get("date"))), key=lambda r: r["date"])
     if not rows:
-        raise ReportError(f"RUNS[{run!r}]: no row of commit {commit} in nvidia-h200.json")
+        dated = f" dated {date}" if date else ""
+        raise ReportError(f"RUNS[{run!r}]: no row of commit {commit}{dated} in "
+                          f"{BENCH_FILES[source]}")
     return {(r["preset"], r["backend"]): r for r in rows}
 
 
@@ -142,6 +171,23 @@ def _row(rows, preset: str, backend: str, run: str) -> dict:
 def _presets(rows) -> list[str]:
     found = {p for p, _ in rows}
     return [p for p in PRESET_ORDER if p in found]
+
+
+# cudnn_fp8.import_cudnn's words where the frontend is not installed
+NO_FRONTEND = "the cuDNN frontend is not importable"
+
+
+def _absent(rows, backend: str) -> str | None:
+    """None where ``backend`` has a time at some preset of the run; else the line under a table
+    that leaves it out, saying why from its rows (a peer that could not run on that machine)."""
+    got = [r for (_, b), r in rows.items() if b == backend]
+    if any(r.get("ms") is not None and not r.get("error") for r in got):
+        return None
+    errors = sorted({str(r.get("error")) for r in got})
+    if backend == "cudnn-fp8" and errors and all(NO_FRONTEND in e for e in errors):
+        return ("cuDNN FP8 is left out: its frontend (`nvidia-cudnn-frontend`) was not installed "
+                "when these rows were measured.")
+    return f"{backend} is left out: {'; '.join(errors) or 'the run has no row of it'}."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,8 +244,13 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def _run_line(rows, run: str) -> str:
     r = next(iter(rows.values()))
-    return (f"One NVIDIA H200, {_day(r)}, commit {RUNS[run]}: torch {r['torch']}, "
+    return (f"One {r['gpu']}, {_day(r)}, commit {RUNS[run]}: torch {r['torch']}, "
             f"triton {r['triton']}, cuDNN {_cudnn(r)}")
+
+
+def _with_notes(table: str, notes: list[str]) -> str:
+    # a blank line ends the table: a line right under it would read as one more row
+    return "\n\n".join([table, *dict.fromkeys(notes)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,27 +258,32 @@ def _run_line(rows, run: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def readme_speed(results) -> str:
-    rows = run_rows(results, "headline")
+def readme_speed(results, run: str = "headline") -> str:
+    """The README's speed table of ``run``; a peer with no time in the run (not installed on
+    its machine) gets a line under the table instead of a column."""
+    rows = run_rows(results, run)
     first = next(iter(rows.values()))
+    peers = {"cudnn-fp8": f"cuDNN FP8 (frontend {first.get('cudnn_frontend')})",
+             "sageattn": f"SageAttention {first.get('sageattention')}"}
+    absent = {b: _absent(rows, b) for b in peers}
+    peers = {b: name for b, name in peers.items() if not absent[b]}
     header = ["DiT shape (heads x tokens, head dim)", "fp8dit", "vs cuDNN", "`auto`",
-              "kernel alone", f"cuDNN FP8 (frontend {first.get('cudnn_frontend')})",
-              f"SageAttention {first.get('sageattention')}"]
+              "kernel alone", *peers.values()]
     body = []
     for p in _presets(rows):
-        f8 = _row(rows, p, "fp8dit", "headline")
-        auto = _row(rows, p, "fp8dit-auto", "headline")
+        f8 = _row(rows, p, "fp8dit", run)
+        auto = _row(rows, p, "fp8dit-auto", run)
         auto_cell = ratio(auto["speedup_vs_cudnn"])
         if _auto_ran_sdpa(auto):
             auto_cell += " (SDPA)"
         body.append([
             _label(f8), f"{ms(f8['ms'])} ms, {thousands(f8['tflops'])} TFLOPS",
             f"**{ratio(f8['speedup_vs_cudnn'])}**", auto_cell,
-            ratio(_row(rows, p, "fp8dit-kernel", "headline")["speedup_vs_cudnn"]),
-            ratio(_row(rows, p, "cudnn-fp8", "headline")["speedup_vs_cudnn"]),
-            ratio(_row(rows, p, "sageattn", "headline")["speedup_vs_cudnn"]),
+            ratio(_row(rows, p, "fp8dit-kernel", run)["speedup_vs_cudnn"]),
+            *(ratio(_row(rows, p, b, run)["speedup_vs_cudnn"]) for b in peers),
         ])
-    return _run_line(rows, "headline") + ".\n\n" + _table(header, body)
+    notes = [why for why in absent.values() if why]
+    return _run_line(rows, run) + ".\n\n" + _with_notes(_table(header, body), notes)
 
 
 def _quality_rows(rows):
@@ -238,18 +294,40 @@ def _quality_rows(rows):
             ("sdpa-flash", "SDPA flash (FA2, bf16)"))
 
 
-def readme_quality(results) -> str:
-    rows = run_rows(results, "headline")
-    recipe = _row(rows, "wan2.2-a14b-720p", "fp8dit", "headline").get("recipe")
+def readme_quality(results, runs: tuple[str, ...] = ("headline",),
+                   scope: str = "every preset above") -> str:
+    """Cosine and rel-L1 against SDPA cuDNN, the span over every preset of ``runs`` (runs of
+    one GPU); a backend with no figures in them gets a line under the table instead of a row."""
+    sets = [(run, run_rows(results, run)) for run in runs]
+    run, rows = sets[0]
+    recipe = _row(rows, "wan2.2-a14b-720p", "fp8dit", run).get("recipe")
     names = dict(_quality_rows(rows))
     names["fp8dit"] = f"fp8dit (`{recipe}`)"
-    body = []
+    body, notes = [], []
     for backend, name in names.items():
-        got = [_row(rows, p, backend, "headline") for p in _presets(rows)]
+        absent = [_absent(rs, backend) for _, rs in sets]
+        if all(absent):
+            notes += absent
+            continue
+        got = [_row(rs, p, backend, each) for each, rs in sets for p in _presets(rs)]
         body.append([name, _span([r["cos_vs_ref"] for r in got], ".5f"),
                      _span([r["rel_l1_vs_ref"] for r in got], ".4f")])
-    return _table(["against SDPA cuDNN (bf16), same inputs, every preset above", "cosine",
-                   "rel-L1"], body)
+    return _with_notes(_table([f"against SDPA cuDNN (bf16), same inputs, {scope}", "cosine",
+                               "rel-L1"], body), notes)
+
+
+def h100_quality(results) -> str:
+    return (_run_line(run_rows(results, "h100"), "h100") + "; i.i.d. normal inputs.\n\n"
+            + readme_quality(results, ("h100", "h100-models"),
+                             "every preset of performance.md's H100 tables"))
+
+
+def h100_headline(results) -> str:
+    p = "wan2.2-a14b-720p"
+    f8 = _row(run_rows(results, "h100"), p, "fp8dit", "h100")
+    return (f"On one {f8['gpu']} ({_day(f8)}, commit {RUNS['h100']}) fp8dit ran {MODEL_LABELS[p]} "
+            f"at {ratio(f8['speedup_vs_cudnn'])} SDPA cuDNN's speed on the same card: "
+            "[docs/performance.md](docs/performance.md#on-an-h100).")
 
 
 def quality_by_preset(results) -> str:
@@ -420,6 +498,10 @@ BLOCKS: dict[str, Callable[[dict], str]] = {
     "by-length": by_length,
     "forward": forward,
     "quality-by-preset": quality_by_preset,
+    "h100-speed": partial(readme_speed, run="h100"),
+    "h100-models": partial(readme_speed, run="h100-models"),
+    "h100-quality": h100_quality,
+    "h100-headline": h100_headline,
 }
 
 
