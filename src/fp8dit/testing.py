@@ -467,7 +467,9 @@ class PVFormat:
     ``p``: ``"fp8"``, e4m3 of 256 * P, P against the row's running max (today's kernels);
     ``"u8"``, round(255 * P) to nearest even as an unsigned 8-bit integer, P against
     ``p_ref``; ``"u8x2"``, that and its rounding residual as a second 8-bit term (hi + lo / 255:
-    two P·V dots); ``"exact"``.
+    two P·V dots); ``"s7"``, round(127 * P) in [0, 127], what an int8 x int8 dot takes as it is
+    (Triton's dot has no unsigned 8-bit operand; u8 P goes there as round(255 * P) - 128 with
+    the block's V sums preset in the accumulator); ``"exact"``.
 
     ``p_ref`` (integer P): ``"running"``, the row's running max; ``"block"``, the row's max over
     this kv block, so every block spends all 255 steps on its own keys (its weight
@@ -501,7 +503,7 @@ class PVFormat:
     row_sum: str = "exact"
 
     def __post_init__(self):
-        ok = (self.p in ("fp8", "u8", "u8x2", "exact")
+        ok = (self.p in ("fp8", "u8", "u8x2", "s7", "exact")
               and self.p_ref in ("running", "block")
               and self.v in ("fp8", "int8", "exact")
               and self.v_scale in ("channel", "channel-block", "block")
@@ -535,6 +537,8 @@ PV_FORMATS: dict[str, PVFormat] = {
                  v_scale="block", row_sum="f16"),
         PVFormat("u8-block-vrot-b-rowsum-dot", p="u8", p_ref="block", v="int8", v_rotate="rms",
                  v_scale="block", row_sum="rounded"),
+        PVFormat("s7-block-vrot-b-f16sum", p="s7", p_ref="block", v="int8", v_rotate="rms",
+                 v_scale="block", row_sum="f16"),
     )
 }
 PV_TODAY = PV_FORMATS["fp8"]
@@ -596,7 +600,8 @@ def _pv_rows(s: torch.Tensor, vq: torch.Tensor, fmt: PVFormat, block_n: int):
     elif fmt.p == "exact":
         pq, unit = rel, 1.0
     else:
-        pq, unit = torch.round(rel * 255.0), 1.0 / 255.0
+        top = 127.0 if fmt.p == "s7" else 255.0
+        pq, unit = torch.round(rel * top), 1.0 / top
         if fmt.p == "u8x2":
             pq = pq + torch.round((rel * 255.0 - pq) * 255.0) / 255.0
     frame = torch.exp(ref - m)[..., None]  # [R, nb, 1]: each block's weight in the max's frame
