@@ -204,6 +204,10 @@ def test_bench_flags_a_kernel_that_leaves_its_output_unwritten(monkeypatch, caps
     "numpy 2.4 (shared/GPU.md)"))
 def test_bench_smoke_script_reexecs_under_the_interpreter(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the script runs from tmp_path: a relative PYTHONPATH (PYTHONPATH=src) would not reach fp8dit
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
+                                            for p in env["PYTHONPATH"].split(os.pathsep))
     res = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_attention.py"), "--smoke",
          "--shape", "1,1,64,64", "--backends", "fp8dit,sdpa-math", "--repeats", "1"],
