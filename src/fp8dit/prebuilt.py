@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from . import env, tuning
+from .dispatch import triton_release
 
 _TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
           torch.int32: "*i32"}
@@ -128,13 +129,6 @@ def manifest() -> dict:
 
 
 @functools.cache
-def _release() -> str:
-    import triton
-
-    return ".".join(triton.__version__.split(".")[:2])
-
-
-@functools.cache
 def _config_unfit(head_dim_padded: int, is_causal: bool, constexprs: tuple, release: str,
                   releases: tuple) -> str | None:
     if release not in releases:
@@ -156,7 +150,7 @@ def _config_unfit(head_dim_padded: int, is_causal: bool, constexprs: tuple, rele
 
 def applies_to_release() -> bool:
     """Whether launches on this Triton release take the shipped PTX where they fit."""
-    return env.prebuilt_enabled() and _release() in {
+    return env.prebuilt_enabled() and triton_release() in {
         r.triton for r in tuning.current().prebuilt_releases}
 
 
@@ -169,7 +163,7 @@ def unfit_reason(head_dim_padded: int, is_causal: bool, constexprs: dict, ints: 
         return "FP8DIT_PREBUILT=0"
     releases = tuple(r.triton for r in tuning.current().prebuilt_releases)
     why = _config_unfit(head_dim_padded, is_causal, tuple(sorted(constexprs.items())),
-                        _release(), releases)
+                        triton_release(), releases)
     if why is not None:
         return why
     for name in ONE:
