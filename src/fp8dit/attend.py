@@ -122,10 +122,6 @@ def plan_for(
     return get_plan(key), launch
 
 
-PV_INT8_FOLD = None
-_V8_SUMS = {}
-
-
 def _import_gluon_ws():
     """The warp-specialized kernel, imported on its first launch. Gluon is experimental: a
     Triton release may lack what it uses (``auto`` runs it only on verified releases)."""
@@ -181,13 +177,6 @@ def _attention_gluon_ws(plan: Plan, launch: LaunchConfig, ws: Workspace, tabs,
                 D=D, Tq_pad=plan.q_total_padded, Tk_pad=plan.k_total_padded,
                 n_kblocks=ws.k_scale.shape[1], group=H // Hkv, Hkv=Hkv)
     constexprs = gluon_ws_constexprs(Dp, launch.tiles, key.is_causal)
-    if PV_INT8_FOLD is not None:  # timing experiment: the 8-bit P·V step, V bytes as int8
-        constexprs.update(PV_INT8=True, PV_INT8_FOLD=PV_INT8_FOLD)
-        tk = (Hkv, ws.k_scale.shape[1], Dp, PV_INT8_FOLD)
-        if tk not in _V8_SUMS:
-            fill = 0x4B400000 if PV_INT8_FOLD == 1 else 0
-            _V8_SUMS[tk] = torch.full(tk[:3], fill, dtype=torch.int32, device=out.device)
-        pointers["v8_sum_ptr"] = _V8_SUMS[tk]
     descs = dict(
         desc_q=desc(ws.q8.view(-1, Dp), [rows, Dp], gl.int8),
         desc_k=desc(ws.k8.view(-1, Dp), [sub_n, Dp], gl.int8),

@@ -69,8 +69,7 @@ def config_constexprs(head_dim_padded: int, is_causal: bool) -> dict:
     return gluon_ws_constexprs(head_dim_padded, tiles, is_causal)
 
 
-def ast_source(head_dim_padded: int, is_causal: bool, constexprs: dict | None = None,
-               pointers: dict | None = None):
+def ast_source(head_dim_padded: int, is_causal: bool):
     """The kernel of a configuration (the shipped tiles) as ``triton.compile`` takes it,
     specialized as the shipped files were built (module docstring): what
     ``tests/tools/sm90_ptx.py`` builds them from and what the compile tests check."""
@@ -81,8 +80,7 @@ def ast_source(head_dim_padded: int, is_causal: bool, constexprs: dict | None = 
 
     from .kernels import attention_sm90_ws as ws
 
-    const = {**config_constexprs(head_dim_padded, is_causal), **(constexprs or {})}
-    pointers = {**POINTER_TYPES, **(pointers or {})}
+    const = config_constexprs(head_dim_padded, is_causal)
     bm, bn = const["BLOCK_M"], min(const["BLOCK_N"], 128)
 
     def desc(dtype_str, dtype, block):
@@ -92,19 +90,17 @@ def ast_source(head_dim_padded: int, is_causal: bool, constexprs: dict | None = 
     descs = dict(desc_q=desc("i8", gl.int8, [bm, head_dim_padded]),
                  desc_k=desc("i8", gl.int8, [bn, head_dim_padded]),
                  desc_v=desc("fp8e4nv", gl.float8e4nv, [head_dim_padded, bn]))
-    params = inspect.signature(ws.attention_fwd_sm90_ws_kernel.fn).parameters
+    names = list(inspect.signature(ws.attention_fwd_sm90_ws_kernel.fn).parameters)
     sig, constexprs, attrs = {}, {}, {}
-    for i, n in enumerate(params):
+    for i, n in enumerate(names):
         if n in const:
             sig[n], constexprs[(i,)] = "constexpr", const[n]
         elif n in ONE:
             sig[n], constexprs[(i,)] = "constexpr", 1
         elif n in descs:
             sig[n] = descs[n]
-        elif params[n].default is not inspect.Parameter.empty and n not in pointers:
-            sig[n], constexprs[(i,)] = "constexpr", params[n].default
         elif n.endswith("_ptr"):
-            sig[n] = pointers.get(n, "*fp32")
+            sig[n] = POINTER_TYPES.get(n, "*fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[n] = "i32"

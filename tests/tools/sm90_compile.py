@@ -3,9 +3,6 @@
     python tests/tools/sm90_compile.py launches.json
     python tests/tools/sm90_compile.py --gluon          # the warp-specialized Gluon kernel
     python tests/tools/sm90_compile.py --gluon --dump DIR   # and its TTGIR, LLVM IR, PTX, SASS
-    python tests/tools/sm90_compile.py --gluon --pv-int8 [0|1|2] --ops
-        # the 8-bit integer P·V variant (``PV_INT8``, 256-key steps: non-causal configurations;
-        # the number is its PV_INT8_FOLD), with each kv loop's histogram of SASS opcodes
 
 Reads launches recorded by tests/test_sm90_compile.py (argument types, constexprs, warps,
 stages), compiles each kernel with Triton's own compiler for an H100/H200 target, disassembles
@@ -88,13 +85,7 @@ def loop_registers(body: list[str]) -> int:
     return len(regs)
 
 
-def _opcode(text: str) -> str:
-    """An instruction's opcode with its modifiers (``@P0`` predicates dropped)."""
-    words = text.split()
-    return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-
-
-def _loop_report(body: list[str], ops: bool = False) -> dict:
+def _loop_report(body: list[str]) -> dict:
     """``exp_under_pv``: MUFU.EX2 between the wait for the QK dot (``DEPBAR.LE gsb0, 0x1``,
     PV still in flight) and the wait for the PV dot (``0x0``): the softmax the 128-key loop
     exists to overlap with the PV dot (ptxas moves that wait when it reuses the P registers or
@@ -114,43 +105,28 @@ def _loop_report(body: list[str], ops: bool = False) -> dict:
         "registers": loop_registers(body),
         "exp_under_pv": under,
         "igmma": sum("IGMMA" in t for t in body), "qgmma": sum("QGMMA" in t for t in body),
-        "hgmma": sum("HGMMA" in t for t in body),
-        # the conversion and special-function units: what an integer P·V adds to the step
-        "units": {u: sum(_opcode(t).split(".")[0] == u for t in body)
-                  for u in ("MUFU", "I2F", "I2FP", "F2I", "F2IP", "F2FP")},
-        **({"ops": dict(collections.Counter(_opcode(t) for t in body).most_common())}
-           if ops else {}),
     }
 
 
-def gluon_attention_report(dp: int, causal: bool, dump: str | None = None,
-                           pv_int8: bool | int = False, ops: bool = False) -> dict:
+def gluon_attention_report(dp: int, causal: bool, dump: str | None = None) -> dict:
     """Compile ``kernels.attention_sm90_ws`` for sm_90 with this Triton's own code generation,
     as the dispatcher launches it at padded head dim ``dp`` (``tuning.gluon_tiles``,
     ``gluon_causal_tiles`` when ``causal``) and specialized as real launches are
     (``fp8dit.prebuilt.ast_source``), and describe its kv loops' SASS (:func:`_loop_report`).
     ``dump``: a folder that receives the compiled stages (``D<dp>-<dense|causal>.ttgir``,
-    ``.llir``, ``.ptx``, ``.sass``). ``pv_int8``: the kernel's 8-bit integer P·V variant
-    (``PV_INT8``, with its per-block table of V sums as an int32 pointer), an int picking
-    its ``PV_INT8_FOLD``; ``ops``: each loop's opcode histogram too."""
+    ``.llir``, ``.ptx``, ``.sass``)."""
     from fp8dit import prebuilt
 
     const = prebuilt.config_constexprs(dp, causal)
-    variant = dict(constexprs={"PV_INT8": True, "PV_INT8_FOLD": int(pv_int8)},
-                   pointers={"v8_sum_ptr": "*i32"}) if pv_int8 is not False else {}
-    ck = triton.compile(prebuilt.ast_source(dp, causal, **variant),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out = {"dp": dp, "causal": causal, "block_n": const["BLOCK_N"], "pv_int8": pv_int8,
+    ck = triton.compile(prebuilt.ast_source(dp, causal), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4})
+    out = {"dp": dp, "causal": causal, "block_n": const["BLOCK_N"],
            "shared": ck.metadata.shared, "loops": []}
     sass = _disassemble(ck.asm["cubin"])
-    # the launch's registers per thread (the partitions then set theirs with setmaxnreg)
-    regs = re.search(r"REG:(\d+)", _disassemble(ck.asm["cubin"], "-res-usage"))
-    out["launch_registers"] = int(regs.group(1)) if regs else None
-    out["loops"] = [_loop_report(body, ops) for body in mma_loops(sass)]
+    out["loops"] = [_loop_report(body) for body in mma_loops(sass)]
     if dump:
         os.makedirs(dump, exist_ok=True)
-        stem = os.path.join(dump, f"D{dp}-{'causal' if causal else 'dense'}"
-                                  f"{f'-pvint8-{int(pv_int8)}' if pv_int8 is not False else ''}")
+        stem = os.path.join(dump, f"D{dp}-{'causal' if causal else 'dense'}")
         for ext in ("ttgir", "llir", "ptx"):
             with open(f"{stem}.{ext}", "w") as f:
                 f.write(ck.asm[ext])
@@ -159,13 +135,12 @@ def gluon_attention_report(dp: int, causal: bool, dump: str | None = None,
     return out
 
 
-def main(path: str, dump: str | None = None, dense: bool = False,
-         pv_int8: bool | int = False, ops: bool = False) -> int:
+def main(path: str, dump: str | None = None) -> int:
     if path == "--gluon":
         for dp in (64, 128):
-            for causal in (False,) if dense or pv_int8 is not False else (False, True):
+            for causal in (False, True):
                 try:
-                    rep = dict(ok=True, **gluon_attention_report(dp, causal, dump, pv_int8, ops))
+                    rep = dict(ok=True, **gluon_attention_report(dp, causal, dump))
                 except Exception as e:  # noqa: BLE001 - reported to the test
                     rep = dict(ok=False, dp=dp, causal=causal,
                                error=f"{type(e).__name__}: {str(e)[:2000]}")
@@ -193,9 +168,4 @@ def main(path: str, dump: str | None = None, dense: bool = False,
 if __name__ == "__main__":
     args = sys.argv[1:]
     dump = args[args.index("--dump") + 1] if "--dump" in args else None
-    # --pv-int8 [FOLD]: the variant, with PV_INT8_FOLD = FOLD (0 unless given)
-    pv = False
-    if "--pv-int8" in args:
-        nxt = args[args.index("--pv-int8") + 1:][:1]
-        pv = int(nxt[0]) if nxt and nxt[0].isdigit() else 0
-    sys.exit(main(args[0], dump, "--dense" in args, pv, "--ops" in args))
+    sys.exit(main(args[0], dump))

@@ -73,15 +73,6 @@ I2F_MAGIC_BITS = gl.constexpr(0x4B400000)
 I2F_MAGIC = gl.constexpr(12582912.0)
 V_GRID_PHI = gl.constexpr(0.6180339887498949)
 LN2 = gl.constexpr(0.6931471805599453)
-# PV_INT8: P = round(255 * 2^(score - r)), so log2 of P's top is log2(255); the block's
-# reference r is at most R_RANGE below the running max (bounds the fold factor 2^(r_prev - r))
-LOG2_P8_MAX = gl.constexpr(7.994353436858858)
-# PV_INT8_FOLD 3: the 7-bit P, round(127 * 2^(score - r)): int8 as it is (no offset, no preset)
-LOG2_P7_MAX = gl.constexpr(6.988684686772166)
-R_RANGE = gl.constexpr(64.0)
-# shared-memory views under another element type: ``reinterpret`` in triton 3.9, ``_reinterpret``
-# in 3.6
-_HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -188,8 +179,7 @@ def _load_item(work_ptr, seq_ptr, w, group):
 def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_out, part_row0,
                 v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
                 lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
-                offs_m, offs_mo, offs_d, DP: gl.constexpr, row_o: gl.constexpr,
-                LOG2_P_MAX: gl.constexpr = P_SHIFT):
+                offs_m, offs_mo, offs_d, DP: gl.constexpr, row_o: gl.constexpr):
     """Epilogue of one tile of query rows: out of the V grid frame, V scale and mean, the LSE;
     into the output (whole kv range) or partial rows ``part_row0`` onwards (split-KV).
     ``offs_m``/``offs_mo``: row indices in the S and O row layouts; ``offs_d``: columns."""
@@ -203,7 +193,7 @@ def _write_rows(acc, m_i, l_i, kv_hi, b, h, hk, row0, q_row, q_len, q_src, slot_
     o = gl.where(gl.expand_dims(gl.convert_layout(empty, row_o), 1), 0.0, o)
     # a split-KV piece's LSE without the K-smoothing shift: the merge adds it once
     # (kernels.attention)
-    lse = (m_i + gl.log2(l_i) - LOG2_P_MAX) * LN2
+    lse = (m_i + gl.log2(l_i) - P_SHIFT) * LN2
     lse = gl.where(empty, float("-inf"), lse)
     if slot_out < 0:
         lse = lse + gl.load(q_lse_corr_ptr + q_row + offs_m)
@@ -468,174 +458,6 @@ def _consumer_step_wide(kb, cnt, m_i, l_i, acc_m, q_scale, ks_base, q_s, k_bufs,
 
 
 @gluon.jit
-def _p_to_s7(p):
-    """fp32 P in [0, 127] -> int8 round(P), four k to a register (no offset: already int8)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 a, b, c, d, lo;\n"
-        "cvt.rni.s32.f32 a, $1;\n"
-        "cvt.rni.s32.f32 b, $2;\n"
-        "cvt.rni.s32.f32 c, $3;\n"
-        "cvt.rni.s32.f32 d, $4;\n"
-        "cvt.pack.sat.u8.s32.b32 lo, d, c, 0;\n"
-        "cvt.pack.sat.u8.s32.b32 $0, b, a, lo; }",
-        "=r,r,r,r,r", [p], dtype=gl.int8, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _p_to_s8(p):
-    """fp32 P in [0, 255] (A-operand layout) -> int8 round(P) - 128, four k to a register.
-
-    Triton's dot takes int8 x int8 only, so the unsigned 8-bit P goes offset by -128 (its sign
-    bit flipped: one xor per register) and the accumulator is preset to 128 times the block's
-    per-channel sum of V8. The two cvt per pair are what ptxas packs into F2IP.
-    """
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 a, b, c, d, lo, w;\n"
-        "cvt.rni.s32.f32 a, $1;\n"
-        "cvt.rni.s32.f32 b, $2;\n"
-        "cvt.rni.s32.f32 c, $3;\n"
-        "cvt.rni.s32.f32 d, $4;\n"
-        "cvt.pack.sat.u8.s32.b32 lo, d, c, 0;\n"
-        "cvt.pack.sat.u8.s32.b32 w, b, a, lo;\n"
-        "xor.b32 $0, w, 0x80808080; }",
-        "=r,r,r,r,r", [p], dtype=gl.int8, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _as_int8(bufs):
-    """V^T's tiles (fp8 e4m3 as loaded) read as int8: with PV_INT8 they hold int8 V8."""
-    if _HAS_REINTERPRET:
-        return bufs.reinterpret(gl.int8, bufs.shape, bufs.layout)
-    else:
-        return bufs._reinterpret(gl.int8, bufs.shape, bufs.layout)
-
-
-@gluon.jit
-def _exp_half_int8(s, c, bias, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
-                   p_layout: gl.constexpr, p16_layout: gl.constexpr, S7: gl.constexpr = False):
-    """P of one 128-key half in [0, 255]: as the int8 A operand of the P·V dot (round(P) - 128,
-    ``_p_to_s8``) and as the f16 A operand of the row-sum dot (the unrounded P, so the row sum
-    keeps the small P that round to 0)."""
-    p = gl.exp2(s * gl.expand_dims(c, 1) - gl.expand_dims(bias, 1))
-    p16 = gl.convert_layout(p.to(gl.float16), p16_layout, assert_trivial=True)
-    if S7:
-        return _p_to_s7(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), p16
-    return _p_to_s8(_to_a_operand(p, BLOCK_M, SUB_N, p_layout)), p16
-
-
-@gluon.jit
-def _consumer_step_int8(kb, cnt, m_i, r_i, l_i, acc_m, q_scale, ks_base, vs_base, q_s, k_bufs,
-                        v8_bufs, kv_full, kv_empty, k_len, rows, s_init, ones_t, zero_l,
-                        MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        SUB_N: gl.constexpr, DP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                        STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                        p_layout: gl.constexpr, l_layout: gl.constexpr,
-                        PV_INT8_FOLD: gl.constexpr, v_full=None, v_empty=None,
-                        SPLIT_KV: gl.constexpr = False):
-    """``PV_INT8``: kv block kb of 2 * SUB_N keys with an 8-bit integer P·V
-    (docs/accuracy.md, "P·V formats, in emulation"). As ``_consumer_step_wide`` with P_REGS and
-    ROWSUM_DOT, except:
-
-    - P against the block's reference r = max(block max, running max - R_RANGE), not the
-      running max: P = 2^(score - r) * 255 in [0, 255];
-    - P·V: two IGMMA s8 x s8 -> s32 of P (registers, round(P) - 128) by V8 (the slot's V^T
-      bytes read as int8) into an int32 accumulator preset to 128 times the block's sum of V8
-      per channel (``vs_base``: [kv blocks, DP] int32, loaded per step);
-    - fold: acc = acc * f + float(I), f = 2^(r_prev - r) times the V grid's factor, which
-      stands in for the per-block V scale's sigma_prev / sigma (the same uniform exp2 a
-      table of log2 sigma would give). ``PV_INT8_FOLD`` picks how the offset and float(I)
-      are made: 0 as above (I2FP); 1 the table holds I2F_MAGIC_BITS more and float(I) is
-      the accumulator's bits as a float minus I2F_MAGIC (an FADD in place of the I2FP,
-      exact while |I| < 2^22); 2 a fresh accumulator and the table added to I in the fold
-      (an IADD per element, the table loaded after the P·V dots are issued);
-    - row sum: two f16 dots of an f16 copy of P with a ones tile (HGMMA m64n8k16).
-
-    Returns (running max, r, l, acc) in block kb's frame.
-    """
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
-    slot = cnt % STAGES
-    mbarrier.wait(kv_full.index(slot), (cnt // STAGES) & 1)
-    sa_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
-    sb_tok = warpgroup_mma(q_s, k_bufs.index(2 * slot + 1).permute((1, 0)),
-                           _magic_preset(s_init), is_async=True)
-    # the P·V accumulator's preset, loaded under the QK dots
-
-    s_a = _scores(warpgroup_mma_wait(1, deps=[sa_tok]), kb * BLOCK_N, MASKED, k_len,
-                  rows, SUB_N, IS_CAUSAL, s_layout)
-    c = q_scale * gl.load(ks_base + kb)
-    mx = _row_max(s_a, BLOCK_M, SUB_N, row_s)
-    s_b = _scores(warpgroup_mma_wait(0, deps=[sb_tok]), kb * BLOCK_N + SUB_N,
-                  MASKED, k_len, rows, SUB_N, IS_CAUSAL, s_layout)
-    mx = gl.maximum(mx, _row_max(s_b, BLOCK_M, SUB_N, row_s))
-    m_blk = (mx - I2F_MAGIC) * c
-    m_new = gl.maximum(m_i, m_blk)
-    r = gl.maximum(m_blk, m_new - R_RANGE)
-    r = gl.where(r == float("-inf"), 0.0, r)
-    alpha = gl.exp2(r_i - r)
-    if SPLIT_KV:
-        mbarrier.wait(v_full.index(slot), (cnt // STAGES) & 1)
-    S7: gl.constexpr = PV_INT8_FOLD >= 3
-    if S7:
-        bias = r - LOG2_P7_MAX + I2F_MAGIC * c
-    else:
-        bias = r - LOG2_P8_MAX + I2F_MAGIC * c
-    p16_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
-                                                   k_width=2)
-    ones = ones_t.index(slot).permute((1, 0))
-    p8a, p16a = _exp_half_int8(s_a, c, bias, BLOCK_M, SUB_N, p_layout, p16_layout, S7)
-    l_tok = warpgroup_mma(p16a, ones, zero_l, use_acc=False, is_async=True)
-    # a thread's columns are 8j + (its own pair): the pair's part in the base and the 8j
-    # as constants, so the loads take one address and immediate offsets (the arange as one
-    # offset, LLVM kept 15 64-bit offsets live across the loop: 82 spills per step at D=128,
-    # sm_90, triton 3.6)
-    cols = gl.arange(0, DP, layout=gl.SliceLayout(0, o_layout))
-    vs_ptrs = (vs_base + kb * DP + (cols & 7)) + (cols & -8)
-    if PV_INT8_FOLD == 4:  # the 7-bit P with I2F_MAGIC's bits as the accumulator's preset
-        acc_tok = warpgroup_mma(p8a, v8_bufs.index(2 * slot).permute((1, 0)),
-                                gl.full([BLOCK_M, DP], I2F_MAGIC_BITS, gl.int32, o_layout),
-                                is_async=True)
-    elif PV_INT8_FOLD >= 2:
-        acc_tok = warpgroup_mma(p8a, v8_bufs.index(2 * slot).permute((1, 0)),
-                                gl.zeros([BLOCK_M, DP], gl.int32, o_layout), use_acc=False,
-                                is_async=True)
-    else:
-        preset = gl.expand_dims(gl.load(vs_ptrs), 0) \
-            + gl.zeros([BLOCK_M, DP], gl.int32, o_layout)
-        acc_tok = warpgroup_mma(p8a, v8_bufs.index(2 * slot).permute((1, 0)), preset,
-                                is_async=True)
-    # the first row-sum dot done (the P·V dot issued after it may run on): its f16 P's
-    # registers are free for the second half's exponentials
-    l_a = warpgroup_mma_wait(1, deps=[l_tok])
-    p8b, p16b = _exp_half_int8(s_b, c, bias, BLOCK_M, SUB_N, p_layout, p16_layout, S7)
-    acc_tok = warpgroup_mma(p8b, v8_bufs.index(2 * slot + 1).permute((1, 0)), acc_tok,
-                            is_async=True)
-    l_tok = warpgroup_mma(p16b, ones, l_a, is_async=True)
-    # From block kb-1's frame (reference and V scale) to block kb's.
-    f = gl.convert_layout(alpha, row_o) * gl.exp2(_v_grid_log2(kb - 1) - _v_grid_log2(kb))
-    if PV_INT8_FOLD == 2:
-        vsum = gl.load(vs_ptrs)
-    acc_i, l_blk = warpgroup_mma_wait(0, deps=[acc_tok, l_tok])
-    if PV_INT8_FOLD == 1 or PV_INT8_FOLD == 4:
-        pv = acc_i.to(gl.float32, bitcast=True) - I2F_MAGIC
-    elif PV_INT8_FOLD == 2:
-        pv = (acc_i + gl.expand_dims(vsum, 0)).to(gl.float32)
-    else:
-        pv = acc_i.to(gl.float32)
-    acc_m = acc_m * gl.expand_dims(f, 1) + pv
-    l_new = l_i * gl.expand_dims(gl.convert_layout(alpha, row_l, assert_trivial=True), 1) \
-        + l_blk
-    # Every warp of this warpgroup is past both P·V dots: the slot is free.
-    _cta_barrier()
-    mbarrier.arrive(kv_empty.index(slot))
-    if SPLIT_KV:
-        mbarrier.arrive(v_empty.index(slot))
-    return m_new, r, l_new, acc_m
-
-
-@gluon.jit
 def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
               v_full, v_empty, q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr,
               v_mean_ptr, seq_ptr, work_ptr, work_indptr_ptr,
@@ -643,8 +465,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
               part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
               DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, P_REGS: gl.constexpr,
-              ROWSUM_DOT: gl.constexpr, SPLIT_KV: gl.constexpr, v8_sum_ptr=None,
-              PV_INT8: gl.constexpr = False, PV_INT8_FOLD: gl.constexpr = 0):
+              ROWSUM_DOT: gl.constexpr, SPLIT_KV: gl.constexpr):
     # QK and PV dots are SUB_N (128) keys wide; a kv block of 256 keys takes two of each.
     SUB_N: gl.constexpr = k_bufs.shape[1]
     WIDE: gl.constexpr = BLOCK_N != SUB_N
@@ -679,32 +500,9 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
         p_b = p_smem
     # ROWSUM_DOT: P's row sums from N=8 dots with a tile of ones ([SUB_N keys, 8])
     L_N: gl.constexpr = 8
-    if PV_INT8:  # the row sum of an f16 copy of P: f16 dots, k 16 per instruction
-        gl.static_assert(WIDE and P_REGS and ROWSUM_DOT, "PV_INT8: the wide P_REGS step")
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 16])
-        v8_bufs = _as_int8(v_bufs)
-        if PV_INT8_FOLD >= 3:
-            LOG2_P_MAX: gl.constexpr = LOG2_P7_MAX
-        else:
-            LOG2_P_MAX: gl.constexpr = LOG2_P8_MAX
-    else:
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 32])
-        v8_bufs = v_bufs
-        LOG2_P_MAX: gl.constexpr = P_SHIFT
-    if PV_INT8:
-        zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
-        ones_sl16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([L_N, SUB_N],
-                                                                       gl.float16)
-        ones_t = gl.allocate_shared_memory(gl.float16, [STAGES, L_N, SUB_N], ones_sl16)
-        fill16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [1, 4], [1, 0])
-        for i in gl.static_range(STAGES):  # 1.0's f16 bits, as the fp8 tile's below
-            ones_t.index(i).store(gl.full([L_N, SUB_N], 0x3C00, gl.int16, fill16)
-                                  .to(gl.float16, bitcast=True))
-        fence_async_shared()
-        _cta_barrier()
-    elif ROWSUM_DOT:
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, L_N, 32])
+    if ROWSUM_DOT:
         zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)
         gl.static_assert(WIDE and P_REGS, "the row-sum dot takes P from registers")
         # One tile per ring slot, read as ``ones_t.index(slot)`` (a slot-dependent address, as
@@ -754,51 +552,26 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                 l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
             acc = zero_o
             hi_main = gl.maximum(gl.minimum(hi_fast, kv_hi), kv_lo)
-            if PV_INT8:
-                r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-                vs_base = v8_sum_ptr + (hk * n_kblocks + k_blk) * DP
-                for kb in range(kv_lo, hi_main):
-                    m_i, r_i, l_i, acc = _consumer_step_int8(
-                        kb, cnt, m_i, r_i, l_i, acc, q_scale, ks_base, vs_base, q_s, k_bufs,
-                        v8_bufs, kv_full, kv_empty, k_len, rows, s_init, ones_t, zero_l,
-                        False, BLOCK_M, BLOCK_N, SUB_N, DP, IS_CAUSAL, STAGES, s_layout,
-                        o_layout, p_layout, l_layout, PV_INT8_FOLD, v_full, v_empty,
-                        SPLIT_KV)
-                    cnt += 1
-                if TAIL_OWN_RANGE:
-                    acc = _copy(acc)
-                for kb in range(hi_main, kv_hi):
-                    m_i, r_i, l_i, acc = _consumer_step_int8(
-                        kb, cnt, m_i, r_i, l_i, acc, q_scale, ks_base, vs_base, q_s, k_bufs,
-                        v8_bufs, kv_full, kv_empty, k_len, rows, s_init, ones_t, zero_l,
-                        True, BLOCK_M, BLOCK_N, SUB_N, DP, IS_CAUSAL, STAGES, s_layout,
-                        o_layout, p_layout, l_layout, PV_INT8_FOLD, v_full, v_empty,
-                        SPLIT_KV)
-                    cnt += 1
-                # P is 2^(score - r) * 255: the LSE takes r and log2(255)
-                m_i = r_i
+            for kb in range(kv_lo, hi_main):
+                m_i, l_i, acc = _consumer_step_wide(
+                    kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
+                    kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
+                    BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
+                    P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
+                    v_full, v_empty, SPLIT_KV)
+                cnt += 1
+            if TAIL_OWN_RANGE:
+                acc = _copy(acc)
+            for kb in range(hi_main, kv_hi):
+                m_i, l_i, acc = _consumer_step_wide(
+                    kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
+                    kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
+                    BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
+                    P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
+                    v_full, v_empty, SPLIT_KV)
+                cnt += 1
+            if ROWSUM_DOT:  # the columns are equal
                 l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
-            else:
-                for kb in range(kv_lo, hi_main):
-                    m_i, l_i, acc = _consumer_step_wide(
-                        kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
-                        kv_full, kv_empty, k_len, rows, s_init, zero_o, False,
-                        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                        P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
-                        v_full, v_empty, SPLIT_KV)
-                    cnt += 1
-                if TAIL_OWN_RANGE:
-                    acc = _copy(acc)
-                for kb in range(hi_main, kv_hi):
-                    m_i, l_i, acc = _consumer_step_wide(
-                        kb, cnt, m_i, l_i, acc, q_scale, ks_base, q_s, k_bufs, v_bufs, p_a, p_b,
-                        kv_full, kv_empty, k_len, rows, s_init, zero_o, True,
-                        BLOCK_M, BLOCK_N, SUB_N, IS_CAUSAL, STAGES, s_layout, p_layout, row_o,
-                        P_REGS, ones_t, zero_l, ROWSUM_DOT, l_layout,
-                        v_full, v_empty, SPLIT_KV)
-                    cnt += 1
-                if ROWSUM_DOT:  # the columns are equal
-                    l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s, assert_trivial=True)
             mbarrier.arrive(q_empty)
         else:
             acc, m_i, l_i, cnt = _consumer_item(
@@ -813,7 +586,7 @@ def _consumer(wg: gl.constexpr, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_ful
                     slot_out.to(gl.int64) * (2 * BLOCK_M) + wg * BLOCK_M,
                     v_scale_ptr, v_mean_ptr, q_lse_corr_ptr, out_ptr, o_sb, o_st, o_sh, o_sd,
                     lse_ptr, l_sb, l_sh, l_st, part_o_ptr, part_lse_ptr, D, Hkv,
-                    offs_m, offs_mo, offs_d, DP, row_o, LOG2_P_MAX)
+                    offs_m, offs_mo, offs_d, DP, row_o)
 
 
 @gluon.jit
@@ -896,17 +669,9 @@ def attention_fwd_sm90_ws_kernel(
     DP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     num_warps: gl.constexpr, P_REGS: gl.constexpr = False, ROWSUM_DOT: gl.constexpr = False,
-    SPLIT_KV: gl.constexpr = False, v8_sum_ptr=None, PV_INT8: gl.constexpr = False,
-    PV_INT8_FOLD: gl.constexpr = 0,
+    SPLIT_KV: gl.constexpr = False,
 ):
-    """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M.
-
-    ``PV_INT8`` (off in every launch; compiled by ``tests/tools/sm90_compile.py --pv-int8``):
-    the 8-bit integer P·V of docs/accuracy.md ("P·V formats, in emulation"), with
-    ``v8_sum_ptr`` an int32 [Hkv, kv blocks, DP] table of 128 times each block's per-channel
-    sum of V8 (``_consumer_step_int8``). V's Hadamard rotation back is not applied: the
-    epilogue scales and shifts as for fp8 V, so only the kv loop is the format's.
-    """
+    """``BLOCK_M`` is one warpgroup's rows (64); a work item (plan tile) has 2 * BLOCK_M."""
     gl.static_assert(num_warps == 4, "the default partition is consumer warpgroup 0")
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, DP], desc_q.layout)
     # K and V^T tiles of SUB_N (128) keys, one per dot: BLOCK_N // SUB_N per ring slot.
@@ -954,16 +719,14 @@ def attention_fwd_sm90_ws_kernel(
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, P_REGS, ROWSUM_DOT, SPLIT_KV,
-                     v8_sum_ptr, PV_INT8, PV_INT8_FOLD)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, P_REGS, ROWSUM_DOT, SPLIT_KV)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full, q_empty,
                      v_full, v_empty,
                      q_scale_ptr, q_lse_corr_ptr, k_scale_ptr, v_scale_ptr, v_mean_ptr,
                      seq_ptr, work_ptr, work_indptr_ptr,
                      out_ptr, o_sb, o_st, o_sh, o_sd, lse_ptr, l_sb, l_sh, l_st,
                      part_o_ptr, part_lse_ptr, D, Tq_pad, n_kblocks, group, Hkv,
-                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, P_REGS, ROWSUM_DOT, SPLIT_KV,
-                     v8_sum_ptr, PV_INT8, PV_INT8_FOLD)),
+                     DP, BLOCK_M, BLOCK_N, IS_CAUSAL, STAGES, P_REGS, ROWSUM_DOT, SPLIT_KV)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, kv_full, kv_empty, q_full,
                      q_empty, v_full, v_empty, seq_ptr, work_ptr, work_indptr_ptr, Tq_pad,
                      Tk_pad, group, DP, BLOCK_M, BLOCK_N, STAGES, SPLIT_KV)),
