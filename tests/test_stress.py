@@ -248,6 +248,54 @@ def test_balance_matrices_leave_the_scores_unchanged():
     torch.testing.assert_close(mk[0], rot, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("dp", [64, 128])
+def test_balance_matrices_kernel_matches_the_reference(dp):
+    # the one-launch kernel against balance_matrices (float64 torch) on the same channel sums:
+    # two sequences of other lengths, GQA (2 query heads per kv head), sums in 3 and 2 chunks,
+    # padded channels, a Q bias, one-sided outlier channels, a kv head without queries and one
+    # whose sums overflowed
+    from fp8dit.balance import ALPHA_MIN, S_LIMIT, balance_matrices
+    from fp8dit.kernels.balance import balance_matrices_kernel
+    from fp8dit.quantize import hadamard
+
+    g = torch.Generator().manual_seed(1)
+    B, Hkv, group, ncq, nck = 2, 3, 2, 3, 2
+    lens = torch.tensor([[700, 500], [300, 900]])
+    rot = hadamard(dp, "cpu")
+
+    def sums(n, heads, chunks, bias, outlier):
+        x = torch.randn(B, heads, chunks, n, dp, generator=g) + bias * torch.randn(
+            B, heads, 1, 1, dp, generator=g)
+        x[..., outlier] *= 25
+        x[..., dp - 4:] = 0
+        return torch.stack([x.sum(3), x.pow(2).sum(3)], 3)  # [B, heads, chunks, 2, dp]
+
+    qm = sums(100, Hkv * group, ncq, 3.0, 5)
+    km = sums(150, Hkv, nck, 8.0, 9)
+    qm[0, 2:4] = 0  # kv head 1 of sequence 0 has no queries
+    qm[1, 4, 1, 1, 7] = float("inf")  # kv head 2 of sequence 1 overflowed
+    seq = torch.zeros(B, 8, dtype=torch.int32)
+    seq[:, :2] = lens
+    mq = torch.empty(B, Hkv, dp, dp, device=DEVICE)
+    mk = torch.empty_like(mq)
+    balance_matrices_kernel[(B * Hkv,)](
+        qm.to(DEVICE), km.to(DEVICE), seq.flatten().to(DEVICE), rot.to(DEVICE), mq, mk, Hkv,
+        group, ncq, nck, DP=dp, ALPHA_MIN=ALPHA_MIN, S_LIMIT=S_LIMIT)
+    mq, mk = mq.cpu(), mk.cpu()
+    q_tot = qm.sum(2).view(B, Hkv, group, 2, dp).sum(2)
+    k_tot = km.sum(2)
+    ref_q, ref_k = balance_matrices(q_tot[:, :, 0], q_tot[:, :, 1],
+                                    (lens[:, 0:1] * group).expand(B, Hkv), k_tot[:, :, 0],
+                                    k_tot[:, :, 1], lens[:, 1:2].expand(B, Hkv), rot)
+    torch.testing.assert_close(mq, ref_q, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mk, ref_k, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mq[1, 2], rot, rtol=0, atol=1e-6)  # the overflowed head
+    # the others are balanced: not the rotation alone
+    assert (mq[0, 0] - rot).abs().max() > 0.05 and (mk[1, 0] - rot).abs().max() > 0.05
+    eye = torch.eye(dp).expand(B, Hkv, dp, dp)
+    torch.testing.assert_close(mq @ mk.transpose(-1, -2), eye, rtol=0, atol=5e-5)
+
+
 def test_balance_recipe_fixes_q_biases_in_emulation():
     # the case it exists for: the rotation alone leaves a Q bias setting every Q token's scale
     q, k, v = make_stress_qkv("bias-q", 1, 2, S)
@@ -275,6 +323,28 @@ def test_balance_kernel_follows_its_emulation(name, tensor_core_tf32):
     lse_got = (lse.double() - ref_lse).abs().mean().item()
     lse_want = (emu_lse - ref_lse).abs().mean().item()
     assert lse_got <= 1.2 * lse_want + 2e-3, (lse_got, lse_want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_balance_recipe_replays_in_a_cuda_graph():
+    # the balance's matrices come from device-side sums and one kernel: a captured call
+    # follows new inputs on replay (a host read of the sums would freeze the first call's)
+    q, k, v = make_stress_qkv("bias-q", 1, 2, 1000, device=DEVICE)
+    q2, k2, v2 = make_stress_qkv("dit", 1, 2, 1000, seed=3, device=DEVICE)
+    eager = fp8dit.attention(q2, k2, v2, backend="fp8", recipe=BALANCED)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fp8dit.attention(q, k, v, backend="fp8", recipe=BALANCED)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fp8dit.attention(q, k, v, backend="fp8", recipe=BALANCED)
+    for dst, src in ((q, q2), (k, k2), (v, v2)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
 
 
 @pytest.mark.parametrize("name", [BALANCED, "int8qk-bf16pv-bal"])

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.balance import channel_moments_kernel
+from .kernels.balance import balance_matrices_kernel, channel_moments_kernel
 
 ALPHA_MIN = 1.0 / 32
 S_LIMIT = 64.0
@@ -112,7 +112,9 @@ def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tens
                    hip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Mq, Mk)`` [B, Hkv, Dp, Dp] float32 of a call (:func:`balance_matrices`): two launches
     of :func:`fp8dit.kernels.balance.channel_moments_kernel` (Q over its heads, K over its kv
-    heads), then device-side torch ops; nothing waits for the host, so CUDA graphs capture it.
+    heads), then one launch of :func:`fp8dit.kernels.balance.balance_matrices_kernel` (this
+    module's :func:`balance_matrices`, which stays the reference the tests hold it to); nothing
+    waits for the host, so CUDA graphs capture it.
     Strides are (batch, token, head, dim); ``tabs``: the plan's device tables (a call's copy with
     shorter key lengths counts those); ``rope_args``: the quantization's rotary arguments; ``hip``:
     an AMD GPU (no inline PTX in the rotary, ``fp8dit.device``)."""
@@ -132,12 +134,12 @@ def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tens
             LEN_COL=cols[0], SRC_COL=cols[1], DP=Dp, CHUNK=chunk, SUB=sub, SOFT_CAST=soft,
             HIP=hip, num_warps=4, **rope_args,
         )
-        moments.append(out.sum(2))  # [B, heads, 2, Dp], chunks added in order
-    g = H // Hkv
-    qm = moments[0].view(B, Hkv, g, 2, Dp).sum(2)
-    km = moments[1]
-    seq = tabs["seq"][:B * 8].view(B, 8)
-    q_count = (seq[:, 0:1] * g).expand(B, Hkv)
-    k_count = seq[:, 1:2].expand(B, Hkv)
-    return balance_matrices(qm[:, :, 0], qm[:, :, 1], q_count, km[:, :, 0], km[:, :, 1], k_count,
-                            rot)
+        moments.append(out)
+    mq = torch.empty(B, Hkv, Dp, Dp, device=dev, dtype=torch.float32)
+    mk = torch.empty_like(mq)
+    balance_matrices_kernel[(B * Hkv,)](
+        moments[0], moments[1], tabs["seq"], rot, mq, mk, Hkv, H // Hkv,
+        moments[0].shape[2], moments[1].shape[2], DP=Dp, ALPHA_MIN=ALPHA_MIN, S_LIMIT=S_LIMIT,
+        num_warps=4 if Dp <= 64 else 8 if Dp <= 128 else 16,
+    )
+    return mq, mk

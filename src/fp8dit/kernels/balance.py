@@ -54,3 +54,100 @@ def channel_moments_kernel(
     out = out_ptr + (((b * H + h) * n_chunks + c) * 2) * DP + offs_d
     tl.store(out, tl.sum(s1, 0))
     tl.store(out + DP, tl.sum(s2, 0))
+
+
+@triton.jit
+def _sum_moments(m_ptr, row0, n_rows, n_chunks, offs_d, DP: tl.constexpr):
+    """(sum x, sum x**2) [DP] float64 over ``n_rows`` consecutive (head) rows of the channel
+    sums [.., heads, n_chunks, 2, DP] from row ``row0`` on, every chunk of each, in order."""
+    s1 = tl.zeros([DP], dtype=tl.float64)
+    s2 = tl.zeros([DP], dtype=tl.float64)
+    for r in range(n_rows):
+        for c in range(n_chunks):
+            p = m_ptr + ((row0 + r) * n_chunks + c) * 2 * DP + offs_d
+            s1 += tl.load(p).to(tl.float64)
+            s2 += tl.load(p + DP).to(tl.float64)
+    return s1, s2
+
+
+@triton.jit
+def _all_finite(x):
+    return tl.sum(((x == x) & (tl.abs(x) < float("inf"))).to(tl.int32), 0) == x.shape[0]
+
+
+@triton.jit
+def _div_or(num, den, other):
+    """num / den where den > 0, else ``other`` (no division by zero taken)."""
+    ok = den > 0
+    return tl.where(ok, num / tl.where(ok, den, 1.0), other)
+
+
+@triton.jit
+def balance_matrices_kernel(
+    qm_ptr, km_ptr, seq_ptr, rot_ptr, mq_ptr, mk_ptr,
+    Hkv, group, nq_chunks, nk_chunks,
+    DP: tl.constexpr, ALPHA_MIN: tl.constexpr, S_LIMIT: tl.constexpr,
+):
+    """``fp8dit.balance.balance_matrices`` for one (sequence, kv head) per program, from the
+    channel sums as :func:`channel_moments_kernel` writes them (Q: [B, Hkv * group, nq_chunks,
+    2, DP], K: [B, Hkv, nk_chunks, 2, DP]) to ``Mq``, ``Mk`` [B, Hkv, DP, DP] float32.
+
+    One launch for what was ~60 small torch ops (the GPU waited on their launches: 0.5-0.8 ms a
+    call at CogVideoX-5B's shape on an H100). The statistics are float64 as there; the
+    matrices are float32, built without a matrix product: ``Pq diag(1/s) R`` with
+    ``Pq = I + (a - 1) u u^T`` is ``diag(1/s) R + (a - 1) u (R^T (u / s))^T``, and ``Mk`` the
+    same with ``s`` and ``1/a - 1``."""
+    pid = tl.program_id(0)
+    b = pid // Hkv
+    hk = pid % Hkv
+    offs = tl.arange(0, DP)
+    q_sum, q_sq = _sum_moments(qm_ptr, (b * Hkv + hk) * group, group, nq_chunks, offs, DP)
+    k_sum, k_sq = _sum_moments(km_ptr, b * Hkv + hk, 1, nk_chunks, offs, DP)
+    # a head whose sums overflowed or met no finite value: no balance
+    good = _all_finite(q_sum) & _all_finite(q_sq) & _all_finite(k_sum) & _all_finite(k_sq)
+    q_sum = tl.where(good, q_sum, 0.0)
+    q_sq = tl.where(good, q_sq, 0.0)
+    k_sum = tl.where(good, k_sum, 0.0)
+    k_sq = tl.where(good, k_sq, 0.0)
+    nq = tl.maximum(tl.load(seq_ptr + b * 8).to(tl.float64) * group, 1.0)
+    nk = tl.maximum(tl.load(seq_ptr + b * 8 + 1).to(tl.float64), 1.0)
+    mq = q_sum / nq
+    eq2 = q_sq / nq
+    vq = tl.maximum(eq2 - mq * mq, 0.0)
+    mk = k_sum / nk
+    vk = tl.maximum(k_sq / nk - mk * mk, 0.0)
+
+    # 1. rank one along Q's mean direction
+    norm2 = tl.sum(mq * mq, 0)
+    total_q = tl.sum(eq2, 0)
+    has_mean = norm2 > 1e-6 * total_q
+    u = tl.where(has_mean, _div_or(mq, tl.sqrt(norm2), 0.0), 0.0)
+    u2 = u * u
+    uvq = tl.sum(u2 * vq, 0)
+    m = norm2 + uvq
+    big_m = tl.maximum(total_q - m, 0.0)
+    n = tl.sum(u2 * vk, 0)
+    big_n = tl.maximum(tl.sum(vk, 0) - n, 0.0)
+    a4 = tl.maximum(_div_or(big_m * n, m * big_n, 0.0), 0.0)
+    a = tl.where(has_mean & (n > 0) & (big_n > 0), tl.sqrt(tl.sqrt(a4)), 1.0)
+    a = tl.minimum(tl.maximum(a, ALPHA_MIN), 1.0)
+    bk = 1.0 / a - 1.0
+    a1 = a - 1.0
+
+    # 2. per-channel balance on the second moments after step 1
+    eq2p = (a * mq) * (a * mq) + vq + 2 * a1 * u2 * vq + a1 * a1 * u2 * uvq
+    vkp = vk + 2 * bk * u2 * vk + bk * bk * u2 * n
+    ok = (eq2p > 0) & (vkp > 0)
+    s = tl.where(ok, tl.sqrt(tl.sqrt(_div_or(eq2p, vkp, 1.0))), 1.0)
+    s = tl.minimum(tl.maximum(s, 1.0 / S_LIMIT), S_LIMIT)
+
+    # 3. Mq = diag(1/s) R + (a - 1) u (R^T (u / s))^T, Mk = diag(s) R + (1/a - 1) u (R^T (u s))^T
+    rows = offs[:, None] * DP + offs[None, :]
+    r = tl.load(rot_ptr + rows)
+    s32 = s.to(tl.float32)
+    u32 = u.to(tl.float32)
+    tq = tl.sum((u / s).to(tl.float32)[:, None] * r, 0)
+    tk = tl.sum((u * s).to(tl.float32)[:, None] * r, 0)
+    out = pid.to(tl.int64) * DP * DP + rows
+    tl.store(mq_ptr + out, r / s32[:, None] + a1.to(tl.float32) * u32[:, None] * tq[None, :])
+    tl.store(mk_ptr + out, r * s32[:, None] + bk.to(tl.float32) * u32[:, None] * tk[None, :])
