@@ -135,8 +135,9 @@ def test_every_launch_compiles_on_native_matrix_instructions(compiled, arch):
     names = {r["name"] for r in res}
     assert names >= {"attention_fwd_persistent_kernel", "merge_partials_kernel",
                      "quantize_q_kernel", "quantize_kv_kernel", "kv_channel_stats_kernel",
-                     "kv_stats_finalize_kernel", "channel_moments_kernel", "balance_matrices_kernel",
-                     "mask_row_counts_col_any_kernel", "mask_row_counts_col_any_words_kernel"}
+                     "kv_stats_finalize_kernel", "channel_moments_kernel",
+                     "balance_matrices_kernel", "mask_row_counts_col_any_kernel",
+                     "mask_row_counts_col_any_words_kernel"}
     assert {r["constexprs"].get("ROPE") for r in res} >= {0, 1, 2, 3}
     fnuz = arch == "gfx942"
     for r in res:
