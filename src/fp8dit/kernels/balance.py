@@ -5,7 +5,7 @@ them (rotary embedding applied as it applies it)."""
 import triton
 import triton.language as tl
 
-from .common import finite_or
+from .common import finite_or, is_finite
 from .quantize import _block_and_head, _rope_pairs
 
 
@@ -71,11 +71,6 @@ def _sum_moments(m_ptr, row0, n_rows, n_chunks, offs_d, DP: tl.constexpr):
 
 
 @triton.jit
-def _all_finite(x):
-    return tl.sum(((x == x) & (tl.abs(x) < float("inf"))).to(tl.int32), 0) == x.shape[0]
-
-
-@triton.jit
 def _div_or(num, den, other):
     """num / den where den > 0, else ``other`` (no division by zero taken)."""
     ok = den > 0
@@ -92,11 +87,11 @@ def balance_matrices_kernel(
     channel sums as :func:`channel_moments_kernel` writes them (Q: [B, Hkv * group, nq_chunks,
     2, DP], K: [B, Hkv, nk_chunks, 2, DP]) to ``Mq``, ``Mk`` [B, Hkv, DP, DP] float32.
 
-    One launch for what was ~60 small torch ops (the GPU waited on their launches: 0.5-0.8 ms a
-    call at CogVideoX-5B's shape on an H100). The statistics are float64 as there; the
-    matrices are float32, built without a matrix product: ``Pq diag(1/s) R`` with
-    ``Pq = I + (a - 1) u u^T`` is ``diag(1/s) R + (a - 1) u (R^T (u / s))^T``, and ``Mk`` the
-    same with ``s`` and ``1/a - 1``."""
+    One launch for what was ~60 small torch ops, whose launches the GPU waited on: -bal cost
+    +10.1% at CogVideoX-5B with them, +5.4% with this kernel (H100, docs/design.md). The
+    statistics are float64 as there; the matrices are float32, built without a matrix product:
+    ``Pq diag(1/s) R`` with ``Pq = I + (a - 1) u u^T`` is
+    ``diag(1/s) R + (a - 1) u (R^T (u / s))^T``, and ``Mk`` the same with ``s`` and ``1/a - 1``."""
     pid = tl.program_id(0)
     b = pid // Hkv
     hk = pid % Hkv
@@ -104,7 +99,8 @@ def balance_matrices_kernel(
     q_sum, q_sq = _sum_moments(qm_ptr, (b * Hkv + hk) * group, group, nq_chunks, offs, DP)
     k_sum, k_sq = _sum_moments(km_ptr, b * Hkv + hk, 1, nk_chunks, offs, DP)
     # a head whose sums overflowed or met no finite value: no balance
-    good = _all_finite(q_sum) & _all_finite(q_sq) & _all_finite(k_sum) & _all_finite(k_sq)
+    good = tl.min((is_finite(q_sum) & is_finite(q_sq) & is_finite(k_sum)
+                   & is_finite(k_sq)).to(tl.int32), 0) == 1
     q_sum = tl.where(good, q_sum, 0.0)
     q_sq = tl.where(good, q_sq, 0.0)
     k_sum = tl.where(good, k_sum, 0.0)

@@ -224,9 +224,15 @@ def cast_for_store(x, dst_ptr, SOFT_CAST: tl.constexpr):
 
 
 @triton.jit
+def is_finite(x):
+    """Elementwise: neither NaN nor infinite."""
+    return (x == x) & (tl.abs(x) < float("inf"))
+
+
+@triton.jit
 def finite_or(x, fill):
     """``x`` where finite, else ``fill``: keeps one bad element from poisoning a shared scale."""
-    return tl.where((x == x) & (tl.abs(x) < float("inf")), x, fill)
+    return tl.where(is_finite(x), x, fill)
 
 
 @triton.jit
