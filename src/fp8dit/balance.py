@@ -109,7 +109,7 @@ MOMENTS_SUB_ELEMS = 2048
 
 def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tensor,
                    rope_args: dict, soft: bool,
-                   hip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   hip: bool = False, vectors: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Mq, Mk)`` [B, Hkv, Dp, Dp] float32 of a call (:func:`balance_matrices`): two launches
     of :func:`fp8dit.kernels.balance.channel_moments_kernel` (Q over its heads, K over its kv
     heads), then one launch of :func:`fp8dit.kernels.balance.balance_matrices_kernel` (this
@@ -135,11 +135,12 @@ def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tens
             HIP=hip, num_warps=4, **rope_args,
         )
         moments.append(out)
-    mq = torch.empty(B, Hkv, Dp, Dp, device=dev, dtype=torch.float32)
+    mq = torch.empty(B, Hkv, 3 if vectors else Dp, Dp, device=dev, dtype=torch.float32)
     mk = torch.empty_like(mq)
     balance_matrices_kernel[(B * Hkv,)](
         moments[0], moments[1], tabs["seq"], rot, mq, mk, Hkv, H // Hkv,
         moments[0].shape[2], moments[1].shape[2], DP=Dp, ALPHA_MIN=ALPHA_MIN, S_LIMIT=S_LIMIT,
+        VECTORS=vectors,
         num_warps=4 if Dp <= 64 else 8 if Dp <= 128 else 16,
     )
     return mq, mk

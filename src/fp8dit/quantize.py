@@ -38,6 +38,11 @@ LOG2E = 1.4426950408889634
 _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
 
 
+# timing switch: the rotation by a fast Walsh-Hadamard transform instead of a tf32 dot
+ROTATE_FWHT = False
+KV_ROT_WARPS = None  # timing switch: quantize_kv's warps when rotating
+
+
 def hadamard(n: int, device: torch.device) -> torch.Tensor:
     """Orthonormal Sylvester-Hadamard matrix [n, n] fp32 (n a power of two), one per device;
     made on the first call with a rotating recipe (before any CUDA-graph capture, like the
@@ -139,7 +144,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         from .balance import balance_tables
 
         rot_q, rot_k = balance_tables(plan, q, q_strides, k, k_strides, tabs, rot, rope_args,
-                                      soft, tgt.hip)
+                                      soft, tgt.hip, vectors=ROTATE_FWHT)
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -193,8 +198,9 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            ROT_PER_HEAD=recipe.balance,
-            num_warps=tile_warps(rows, Dp, tgt.warp_size), HIP=tgt.hip,
+            ROT_PER_HEAD=recipe.balance, FWHT=ROTATE_FWHT and recipe.rotate,
+            num_warps=(KV_ROT_WARPS if recipe.rotate and KV_ROT_WARPS
+                       else tile_warps(rows, Dp, tgt.warp_size)), HIP=tgt.hip,
             **fmt.constexprs(), **rope_args,
         )
     if plan.max_q_blocks:
@@ -206,7 +212,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, ROT_PER_HEAD=recipe.balance,
+            SUBBLOCKS=q_sub, ROT_PER_HEAD=recipe.balance, FWHT=ROTATE_FWHT and recipe.rotate,
             num_warps=tile_warps(BM // q_sub, Dp, tgt.warp_size), HIP=tgt.hip,
             **fmt.constexprs(), **rope_args,
         )

@@ -82,6 +82,7 @@ def balance_matrices_kernel(
     qm_ptr, km_ptr, seq_ptr, rot_ptr, mq_ptr, mk_ptr,
     Hkv, group, nq_chunks, nk_chunks,
     DP: tl.constexpr, ALPHA_MIN: tl.constexpr, S_LIMIT: tl.constexpr,
+    VECTORS: tl.constexpr = False,
 ):
     """``fp8dit.balance.balance_matrices`` for one (sequence, kv head) per program, from the
     channel sums as :func:`channel_moments_kernel` writes them (Q: [B, Hkv * group, nq_chunks,
@@ -137,13 +138,23 @@ def balance_matrices_kernel(
     s = tl.where(ok, tl.sqrt(tl.sqrt(_div_or(eq2p, vkp, 1.0))), 1.0)
     s = tl.minimum(tl.maximum(s, 1.0 / S_LIMIT), S_LIMIT)
 
-    # 3. Mq = diag(1/s) R + (a - 1) u (R^T (u / s))^T, Mk = diag(s) R + (1/a - 1) u (R^T (u s))^T
-    rows = offs[:, None] * DP + offs[None, :]
-    r = tl.load(rot_ptr + rows)
-    s32 = s.to(tl.float32)
-    u32 = u.to(tl.float32)
-    tq = tl.sum((u / s).to(tl.float32)[:, None] * r, 0)
-    tk = tl.sum((u * s).to(tl.float32)[:, None] * r, 0)
-    out = pid.to(tl.int64) * DP * DP + rows
-    tl.store(mq_ptr + out, r / s32[:, None] + a1.to(tl.float32) * u32[:, None] * tq[None, :])
-    tl.store(mk_ptr + out, r * s32[:, None] + bk.to(tl.float32) * u32[:, None] * tk[None, :])
+    if VECTORS:  # (u, (a - 1) u, 1/s) for Q, (u, (1/a - 1) u, s) for K: [B, Hkv, 3, DP] each
+        vo = pid.to(tl.int64) * 3 * DP + offs
+        u32 = u.to(tl.float32)
+        tl.store(mq_ptr + vo, u32)
+        tl.store(mq_ptr + vo + DP, a1.to(tl.float32) * u32)
+        tl.store(mq_ptr + vo + 2 * DP, (1.0 / s).to(tl.float32))
+        tl.store(mk_ptr + vo, u32)
+        tl.store(mk_ptr + vo + DP, bk.to(tl.float32) * u32)
+        tl.store(mk_ptr + vo + 2 * DP, s.to(tl.float32))
+    else:
+        # 3. Mq = diag(1/s) R + (a - 1) u (R^T (u / s))^T, Mk = diag(s) R + (1/a - 1) u (R^T (u s))^T
+        rows = offs[:, None] * DP + offs[None, :]
+        r = tl.load(rot_ptr + rows)
+        s32 = s.to(tl.float32)
+        u32 = u.to(tl.float32)
+        tq = tl.sum((u / s).to(tl.float32)[:, None] * r, 0)
+        tk = tl.sum((u * s).to(tl.float32)[:, None] * r, 0)
+        out = pid.to(tl.int64) * DP * DP + rows
+        tl.store(mq_ptr + out, r / s32[:, None] + a1.to(tl.float32) * u32[:, None] * tq[None, :])
+        tl.store(mk_ptr + out, r * s32[:, None] + bk.to(tl.float32) * u32[:, None] * tk[None, :])

@@ -171,6 +171,33 @@ def _round_tf32(x):
 
 
 @triton.jit
+def _fwht(x, ROWS: tl.constexpr, DP: tl.constexpr):
+    """``x @ H`` for the unnormalized Sylvester-Hadamard matrix H [DP, DP] (DP a power of two),
+    in fp32 adds: a butterfly on the lowest index bit, then a cyclic rotation of the index bits
+    (the transformed bit becomes the highest), log2(DP) times."""
+    for _ in tl.static_range(DP.bit_length() - 1):
+        a, b = tl.split(tl.reshape(x, [ROWS, DP // 2, 2]))
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 2, 1]), [ROWS, DP])
+    return x
+
+
+@triton.jit
+def _rotate_fwht(x, vec_ptr, ROWS: tl.constexpr, DP: tl.constexpr,
+                 PER_HEAD: tl.constexpr = False):
+    """``_rotate`` by a fast Walsh-Hadamard transform; ``PER_HEAD`` (the balance recipes):
+    ``vec_ptr`` holds (u, c u, w) [3, DP] of this head and side, and the transform is
+    ``((x + (x . u) c u) * w) @ R``."""
+    if PER_HEAD:
+        offs = tl.arange(0, DP)
+        u = tl.load(vec_ptr + offs)
+        cu = tl.load(vec_ptr + DP + offs)
+        w = tl.load(vec_ptr + 2 * DP + offs)
+        xu = tl.sum(x * u[None, :], 1)
+        x = (x + xu[:, None] * cu[None, :]) * w[None, :]
+    return _fwht(x, ROWS, DP) * (1.0 / tl.sqrt(DP * 1.0))
+
+
+@triton.jit
 def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
             HIP: tl.constexpr = False, ROUND: tl.constexpr = False):
     """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
@@ -426,6 +453,7 @@ def quantize_kv_kernel(
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     ROT_PER_HEAD: tl.constexpr = False,
     FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
+    FWHT: tl.constexpr = False,
 ):
     """A block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -500,9 +528,14 @@ def quantize_kv_kernel(
             n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
             rp = rot_ptr
-            if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
-                rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
-            ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
+            if FWHT:
+                if ROT_PER_HEAD:
+                    rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (3 * DP)
+                ks = _rotate_fwht(finite_or(ks, 0.0), rp, BLOCK_N, DP, ROT_PER_HEAD)
+            else:
+                if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
+                    rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
+                ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         elif KAMAX_FROM_STATS:
@@ -580,6 +613,7 @@ def quantize_q_kernel(
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     ROT_PER_HEAD: tl.constexpr = False,
     FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
+    FWHT: tl.constexpr = False,
 ):
     """A block of ``BLOCK_M`` query tokens of one head: per-token scale.
 
@@ -612,10 +646,15 @@ def quantize_q_kernel(
                             ROPE_RANGE, SOFT_FP8_CAST, HIP)
         if ROTATE:
             rp = rot_ptr
-            if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
-                rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
-            # masked rows: already 0
-            qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
+            if FWHT:
+                if ROT_PER_HEAD:
+                    rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (3 * DP)
+                qr = _rotate_fwht(finite_or(q, 0.0), rp, BLOCK_M, DP, ROT_PER_HEAD)
+            else:
+                if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
+                    rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
+                # masked rows: already 0
+                qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
         else:
             qr = q
         if TENSOR_SCALES:
