@@ -63,39 +63,6 @@ def fp8_at_any_length(monkeypatch):
         monkeypatch.setenv("FP8DIT_BACKEND", "fp8")
 
 
-@pytest.fixture
-def tensor_core_tf32(monkeypatch):
-    """fp32 dots as an NVIDIA GPU's tensor cores take them. A ``tl.dot`` of fp32 operands at
-    the default input precision (tf32) reads each operand's top 19 bits there: the low 13
-    mantissa bits are dropped (truncation toward zero), so every product comes out a little
-    smaller in magnitude: the H100's LSE errors of the balance recipe matched this to three
-    digits (tests/test_stress.py). Triton's interpreter multiplies fp32 operands in full fp32
-    whatever the precision asked; with this fixture it drops those bits too. ("tf32x3" and
-    "ieee" are fp32-accurate on the GPU as well: left as they are.) On a GPU the hardware does
-    it; nothing to do."""
-    if _HAS_CUDA:
-        return
-    import numpy as np
-    from triton._C.libtriton import ir
-    from triton.runtime import interpreter
-
-    tf32 = ir.INPUT_PRECISION.TF32
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def truncated(h):
-        if h.data.dtype != np.float32:
-            return h
-        bits = h.data.view(np.uint32) & np.uint32(0xFFFFE000)
-        return interpreter.TensorHandle(bits.view(np.float32), h.dtype)
-
-    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if input_precision == tf32:
-            a, b = truncated(a), truncated(b)
-        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", dot)
-
-
 @pytest.fixture(autouse=True)
 def _clean_fp8dit_env(monkeypatch):
     for var in ("FP8DIT_BACKEND", "FP8DIT_DISABLE", "FP8DIT_RECIPE", "FP8DIT_PLAN_CACHE"):

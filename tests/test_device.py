@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import fp8dit
 from fp8dit import attend, device, dispatch, tuning
 from fp8dit.recipes import DEFAULT_RECIPE, get_recipe
 
@@ -153,17 +152,3 @@ def test_interpret_as_is_scoped_and_checked():
     with pytest.raises(ValueError, match="arch: expected one of gfx942, gfx950, got 'gfx90a'"):
         with device.interpret_as("gfx90a"):
             pass
-
-
-def test_rotation_past_the_lds_is_refused_on_amd(monkeypatch):
-    """The Hadamard-rotated recipes hold a [Dp, Dp] fp32 matrix in shared memory: 256 KB at
-    padded head dim 256, over both AMD CUs' LDS (64 KB, 160 KB). A clear error instead of a
-    launch that cannot get its LDS."""
-    # The interpreter stands in for gfx950 on CPU tensors, which the dispatcher takes only
-    # with TRITON_INTERPRET=1 (unset on a GPU machine); the refusal comes before any launch,
-    # so nothing runs through the interpreter.
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    q = torch.randn(1, 40, 2, 200).bfloat16()
-    with device.interpret_as("gfx950"):
-        with pytest.raises(ValueError, match=r"int8qk-fp8pv-rot.* 256 KB .* gfx950 has \(160 KB\)"):
-            fp8dit.attention(q, q, q, backend="fp8", recipe="int8qk-fp8pv-rot")

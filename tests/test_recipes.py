@@ -159,6 +159,19 @@ def test_new_recipes_keep_nan_in_its_row(name):
     assert torch.equal(bad, expected)
 
 
+@pytest.mark.parametrize("name", [n for n, r in RECIPES.items() if r.rotate])
+def test_rotating_recipes_run_at_head_dim_256(name):
+    # The rotation is a Walsh-Hadamard transform in registers, no [Dp, Dp] matrix in shared
+    # memory: at padded head dim 256 the rotating recipes run as at 128, compiled as
+    # interpreted (their launches' shared memory: tests/test_sm90_compile.py and
+    # tests/test_hip_compile.py), and follow their emulation.
+    q, k, v = make_qkv(1, 2, 150, 200, family="dit", seed=4, device=DEVICE)
+    ref = attention_ref(q, k, v)
+    st = error_stats(fp8dit.attention(q, k, v, backend="fp8", recipe=name), ref)
+    emu = error_stats(attention_emulated(q, k, v, RECIPES[name]), ref)
+    assert not st.nan and st.rel_l1 <= EMULATION_FACTOR * emu.rel_l1 + 1e-3, (str(st), str(emu))
+
+
 # ---------------------------------------------------------------------------------------------
 # What the kernels store: per-tensor scales really are per tensor; bf16 V is the input
 # ---------------------------------------------------------------------------------------------

@@ -95,12 +95,11 @@ BALANCED = "int8qk-fp8pv-bal"
 
 
 @pytest.mark.parametrize("family", ["bias-q", "dit-drift"])
-def test_balance_recipe_merged_from_chunks_is_as_accurate_as_one_call(family, tensor_core_tf32):
+def test_balance_recipe_merged_from_chunks_is_as_accurate_as_one_call(family):
     """The balance recipe per kv chunk: each call balances Q against its own chunk's keys (its
     own transform, K mean and LSE shift), so the parts' LSEs come out of different transforms.
     Merged by them, the parts are as accurate as one call against fp64, output and LSE (the
-    log-sum-exp of the parts' LSEs); a part-dependent LSE shift shows up. On CPU the rotation's
-    tf32 products are the GPU's (``tensor_core_tf32``)."""
+    log-sum-exp of the parts' LSEs); a part-dependent LSE shift shows up."""
     if family == "dit-drift":
         q, k, v = _dit_with_drifting_keys()
     else:

@@ -249,13 +249,13 @@ def test_balance_matrices_leave_the_scores_unchanged():
 
 
 @pytest.mark.parametrize("dp", [64, 128])
-def test_balance_matrices_kernel_matches_the_reference(dp):
-    # the one-launch kernel against balance_matrices (float64 torch) on the same channel sums:
+def test_balance_vectors_kernel_matches_the_reference(dp):
+    # the one-launch kernel against balance_vectors (float64 torch) on the same channel sums:
     # two sequences of other lengths, GQA (2 query heads per kv head), sums in 3 and 2 chunks,
     # padded channels, a Q bias, one-sided outlier channels, a kv head without queries and one
     # whose sums overflowed
-    from fp8dit.balance import ALPHA_MIN, S_LIMIT, balance_matrices
-    from fp8dit.kernels.balance import balance_matrices_kernel
+    from fp8dit.balance import ALPHA_MIN, S_LIMIT, balance_vectors, transform_matrix
+    from fp8dit.kernels.balance import balance_vectors_kernel
     from fp8dit.quantize import hadamard
 
     g = torch.Generator().manual_seed(1)
@@ -276,23 +276,24 @@ def test_balance_matrices_kernel_matches_the_reference(dp):
     qm[1, 4, 1, 1, 7] = float("inf")  # kv head 2 of sequence 1 overflowed
     seq = torch.zeros(B, 8, dtype=torch.int32)
     seq[:, :2] = lens
-    mq = torch.empty(B, Hkv, dp, dp, device=DEVICE)
-    mk = torch.empty_like(mq)
-    balance_matrices_kernel[(B * Hkv,)](
-        qm.to(DEVICE), km.to(DEVICE), seq.flatten().to(DEVICE), rot.to(DEVICE), mq, mk, Hkv,
-        group, ncq, nck, DP=dp, ALPHA_MIN=ALPHA_MIN, S_LIMIT=S_LIMIT)
-    mq, mk = mq.cpu(), mk.cpu()
+    vq = torch.empty(B, Hkv, 3, dp, device=DEVICE)
+    vk = torch.empty_like(vq)
+    balance_vectors_kernel[(B * Hkv,)](
+        qm.to(DEVICE), km.to(DEVICE), seq.flatten().to(DEVICE), vq, vk, Hkv, group, ncq, nck,
+        DP=dp, ALPHA_MIN=ALPHA_MIN, S_LIMIT=S_LIMIT)
+    vq, vk = vq.cpu(), vk.cpu()
     q_tot = qm.sum(2).view(B, Hkv, group, 2, dp).sum(2)
     k_tot = km.sum(2)
-    ref_q, ref_k = balance_matrices(q_tot[:, :, 0], q_tot[:, :, 1],
-                                    (lens[:, 0:1] * group).expand(B, Hkv), k_tot[:, :, 0],
-                                    k_tot[:, :, 1], lens[:, 1:2].expand(B, Hkv), rot)
-    torch.testing.assert_close(mq, ref_q, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(mk, ref_k, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(mq[1, 2], rot, rtol=0, atol=1e-6)  # the overflowed head
+    ref_q, ref_k = balance_vectors(q_tot[:, :, 0], q_tot[:, :, 1],
+                                   (lens[:, 0:1] * group).expand(B, Hkv), k_tot[:, :, 0],
+                                   k_tot[:, :, 1], lens[:, 1:2].expand(B, Hkv))
+    torch.testing.assert_close(vq, ref_q.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(vk, ref_k.float(), rtol=1e-5, atol=1e-6)
+    mq, mk = transform_matrix(vq, rot), transform_matrix(vk, rot)
+    torch.testing.assert_close(mq[1, 2], rot.double(), rtol=0, atol=1e-6)  # the overflowed head
     # the others are balanced: not the rotation alone
     assert (mq[0, 0] - rot).abs().max() > 0.05 and (mk[1, 0] - rot).abs().max() > 0.05
-    eye = torch.eye(dp).expand(B, Hkv, dp, dp)
+    eye = torch.eye(dp, dtype=torch.float64).expand(B, Hkv, dp, dp)
     torch.testing.assert_close(mq @ mk.transpose(-1, -2), eye, rtol=0, atol=5e-5)
 
 
@@ -308,11 +309,10 @@ def test_balance_recipe_fixes_q_biases_in_emulation():
 
 
 @pytest.mark.parametrize("name", ["bias-q", "dit-gqa"])
-def test_balance_kernel_follows_its_emulation(name, tensor_core_tf32):
+def test_balance_kernel_follows_its_emulation(name):
     # The LSE sees every score's error and nothing of P's and V's rounding: a bias that all
-    # scores share moves it and hardly the output. tf32 dots truncating their operands in the
-    # balance transform put it at 1.5-1.9x the emulation's on an H100 (2026-12-06) until the
-    # kernels rounded those operands first; on CPU tensor_core_tf32 truncates as the GPU does.
+    # scores share moves it and hardly the output (tf32 products in the transform, since
+    # replaced by fp32 adds, once put it at 1.5-1.9x the emulation's on an H100).
     q, k, v = make_stress_qkv(name, 1, 2, 512, device=DEVICE)
     ref, ref_lse = fp8dit.testing.attention_ref(q, k, v, return_lse=True)
     out, lse = fp8dit.attention(q, k, v, backend="fp8", recipe=BALANCED, return_lse=True)

@@ -23,6 +23,10 @@ keys (after rotary embedding; K after its mean is removed), in float64:
    (SmoothQuant's balance at alpha = 1/2, on second moments), kept in [2^-6, 2^6].
 3. The rotation ``R``: ``Mq = Pq diag(1/s) R``, ``Mk = Pk diag(s) R``.
 
+The quantization applies them without the matrices, from three vectors per (sequence, kv
+head) and side (:func:`balance_vectors`): ``x @ Mq = ((x + (x . u)(a - 1) u) / s) @ R``, the
+rotation by a fast Walsh-Hadamard transform (``kernels.quantize._rotate``).
+
 Second moments after step 1 take Q's and K's channels as uncorrelated (only channel sums and
 sums of squares are gathered); a wrong guess there makes the balance less good, never the
 scores wrong: any ``a`` and ``s`` give an exact transform.
@@ -32,16 +36,18 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.balance import balance_matrices_kernel, channel_moments_kernel
+from .kernels.balance import balance_vectors_kernel, channel_moments_kernel
 
 ALPHA_MIN = 1.0 / 32
 S_LIMIT = 64.0
 
 
-def balance_matrices(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Tensor,
-                     k_sum: torch.Tensor, k_sq: torch.Tensor, k_count: torch.Tensor,
-                     rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(Mq, Mk)`` [..., Dp, Dp] float32 (module docstring). Every argument on one device.
+def balance_vectors(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Tensor,
+                    k_sum: torch.Tensor, k_sq: torch.Tensor,
+                    k_count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(vq, vk)`` [..., 3, Dp] float64: ``vq = (u, (a - 1) u, 1/s)``, ``vk = (u, (1/a - 1) u,
+    s)`` (module docstring), the reference of ``kernels.balance.balance_vectors_kernel``.
+    Every argument on one device.
 
     q_sum, q_sq : [..., Dp]
         Sums of q and q**2 over the rows of a kv head's queries.
@@ -50,8 +56,6 @@ def balance_matrices(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Ten
     k_sum, k_sq : [..., Dp]
         Sums of k and k**2 over the keys, before K's mean is removed.
     k_count : [...]
-    rot : [Dp, Dp]
-        Orthonormal matrix applied last (the Hadamard matrix of ``quantize.hadamard``).
     """
     f64 = torch.float64
     # a head whose sums overflowed (values beyond ~1e19) or met no finite value: no balance
@@ -90,16 +94,27 @@ def balance_matrices(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Ten
     ok = (eq2p > 0) & (vkp > 0)
     s = torch.where(ok, (eq2p / vkp.clamp_min(1e-300)) ** 0.25, torch.ones_like(eq2p))
     s = s.clamp(1.0 / S_LIMIT, S_LIMIT)
+    return (torch.stack((u, a1 * u, 1.0 / s), -2), torch.stack((u, b * u, s), -2))
 
-    # 3. Mq = Pq diag(1/s) R, Mk = Pk diag(s) R
-    uu = u[..., :, None] * u[..., None, :]
-    eye = torch.eye(u.shape[-1], dtype=f64, device=u.device)
-    pq = eye + a1[..., None] * uu
-    pk = eye + b[..., None] * uu
-    r = rot.to(f64)
-    mq_ = (pq / s[..., None, :]) @ r
-    mk_ = (pk * s[..., None, :]) @ r
-    return mq_.to(torch.float32), mk_.to(torch.float32)
+
+def transform_matrix(vec: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """``(I + u c^T) diag(w) R`` [..., Dp, Dp] float64 of vectors ``(u, c, w)`` [..., 3, Dp]
+    (:func:`balance_vectors`): the matrix that ``x + (x . u) c``, times ``w``, then rotated by
+    ``rot`` [Dp, Dp], applies."""
+    u, c, w = (vec[..., i, :].to(torch.float64) for i in range(3))
+    eye = torch.eye(u.shape[-1], dtype=torch.float64, device=u.device)
+    return ((eye + u[..., :, None] * c[..., None, :]) * w[..., None, :]) @ rot.to(torch.float64)
+
+
+def balance_matrices(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Tensor,
+                     k_sum: torch.Tensor, k_sq: torch.Tensor, k_count: torch.Tensor,
+                     rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Mq, Mk)`` [..., Dp, Dp] float32 (module docstring) of :func:`balance_vectors`'
+    arguments, ``rot`` [Dp, Dp] the orthonormal matrix applied last (the Hadamard matrix of
+    ``quantize.hadamard``); float64 until the last step."""
+    vq, vk = balance_vectors(q_sum, q_sq, q_count, k_sum, k_sq, k_count)
+    return (transform_matrix(vq, rot).to(torch.float32),
+            transform_matrix(vk, rot).to(torch.float32))
 
 
 # Elements per sub-tile of the channel-sums pass (its rows: this / padded head dim): the size the
@@ -107,13 +122,12 @@ def balance_matrices(q_sum: torch.Tensor, q_sq: torch.Tensor, q_count: torch.Ten
 MOMENTS_SUB_ELEMS = 2048
 
 
-def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tensor,
-                   rope_args: dict, soft: bool,
-                   hip: bool = False, vectors: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(Mq, Mk)`` [B, Hkv, Dp, Dp] float32 of a call (:func:`balance_matrices`): two launches
+def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rope_args: dict, soft: bool,
+                   hip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(vq, vk)`` [B, Hkv, 3, Dp] float32 of a call (:func:`balance_vectors`): two launches
     of :func:`fp8dit.kernels.balance.channel_moments_kernel` (Q over its heads, K over its kv
-    heads), then one launch of :func:`fp8dit.kernels.balance.balance_matrices_kernel` (this
-    module's :func:`balance_matrices`, which stays the reference the tests hold it to); nothing
+    heads), then one launch of :func:`fp8dit.kernels.balance.balance_vectors_kernel` (this
+    module's :func:`balance_vectors`, which stays the reference the tests hold it to); nothing
     waits for the host, so CUDA graphs capture it.
     Strides are (batch, token, head, dim); ``tabs``: the plan's device tables (a call's copy with
     shorter key lengths counts those); ``rope_args``: the quantization's rotary arguments; ``hip``:
@@ -135,12 +149,11 @@ def balance_tables(plan, q, q_strides, k, k_strides, tabs: dict, rot: torch.Tens
             HIP=hip, num_warps=4, **rope_args,
         )
         moments.append(out)
-    mq = torch.empty(B, Hkv, 3 if vectors else Dp, Dp, device=dev, dtype=torch.float32)
-    mk = torch.empty_like(mq)
-    balance_matrices_kernel[(B * Hkv,)](
-        moments[0], moments[1], tabs["seq"], rot, mq, mk, Hkv, H // Hkv,
+    vq = torch.empty(B, Hkv, 3, Dp, device=dev, dtype=torch.float32)
+    vk = torch.empty_like(vq)
+    balance_vectors_kernel[(B * Hkv,)](
+        moments[0], moments[1], tabs["seq"], vq, vk, Hkv, H // Hkv,
         moments[0].shape[2], moments[1].shape[2], DP=Dp, ALPHA_MIN=ALPHA_MIN, S_LIMIT=S_LIMIT,
-        VECTORS=vectors,
-        num_warps=4 if Dp <= 64 else 8 if Dp <= 128 else 16,
+        num_warps=4,
     )
-    return mq, mk
+    return vq, vk

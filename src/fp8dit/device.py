@@ -80,16 +80,8 @@ AMD_FP8_ARCHS = {"gfx942": E4M3FNUZ, "gfx950": E4M3FN}
 AMD_NAMES = {"gfx942": "MI300X/MI325X", "gfx950": "MI350X/MI355X"}
 # LDS (shared memory) per CU, bytes: what one program may hold
 AMD_LDS_BYTES = {"gfx942": 65536, "gfx950": 163840}
-# Shared memory one program may hold on NVIDIA architectures where a recipe was compiled past
-# it (227 KB on sm_90: H100, H200).
+# Shared memory one program may hold on sm_90 (H100, H200): 227 KB
 NVIDIA_SHARED_BYTES = {"sm_90": 232448}
-# Shared memory of the largest quantization launch of a Hadamard-rotated recipe on sm_90, by
-# (padded head dim, QK terms): the rotation's [Dp, Dp] fp32 matrix and the rotated tiles.
-# compiled.metadata.shared of quantize_kv_kernel (the largest; quantize_q_kernel: 256 KB and
-# 512 KB at 256), the same with triton 3.6, 3.8 and 3.9, compiled 2026-12-06
-# (tests/test_sm90_compile.py). At 256 both are over the 227 KB, so the launch would fail.
-ROTATION_SHARED_BYTES = {(64, 1): 49152, (128, 1): 131072, (256, 1): 327680,
-                         (64, 2): 65536, (128, 2): 196608, (256, 2): 655360}
 
 
 @dataclass(frozen=True)
@@ -217,31 +209,6 @@ def fp8_unsupported_reason(dev: torch.device,
         return (f"GPU compute capability {cap[0]}.{cap[1]} has no FP8 tensor cores "
                 f"(needs {need[0]}.{need[1]} or newer)")
     return None
-
-
-def rotation_unfit_reason(arch: str, head_dim_padded: int, recipe) -> str | None:
-    """Why ``recipe``'s Hadamard rotation cannot run at this padded head dim on ``arch`` (None:
-    it can, or nothing is known against it): its quantization launches need more shared memory
-    than one program may hold. AMD: the rotation's fp32 matrix alone, over the LDS; NVIDIA:
-    the compiled launches (:data:`ROTATION_SHARED_BYTES`) over :data:`NVIDIA_SHARED_BYTES`."""
-    if not recipe.rotate:
-        return None
-    dp = head_dim_padded
-    if arch in AMD_LDS_BYTES:
-        need, limit = 4 * dp * dp, AMD_LDS_BYTES[arch]
-        what = f"holds a {need // 1024} KB fp32 matrix in shared memory"
-    elif arch in NVIDIA_SHARED_BYTES:
-        need = ROTATION_SHARED_BYTES.get((dp, recipe.qk_terms), 0)
-        limit = NVIDIA_SHARED_BYTES[arch]
-        what = (f"needs {need // 1024} KB of shared memory in its quantization kernel "
-                "(compiled with triton 3.6, 3.8, 3.9, 2026-12-06)")
-    else:
-        return None
-    if need <= limit:
-        return None
-    return (f"recipe {recipe.name!r}: its Hadamard rotation at padded head dim {dp} {what}, "
-            f"more than {arch} has ({limit // 1024} KB); use a recipe without rotation at this "
-            "head dim")
 
 
 def fp8_format(dev: torch.device) -> Fp8Format:

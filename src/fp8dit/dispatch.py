@@ -20,7 +20,7 @@ import torch
 
 from . import env, tuning
 from .device import fp8_unsupported_reason as device_fp8_unsupported_reason
-from .device import is_hip, nvidia_arch, rotation_unfit_reason, target_of
+from .device import is_hip, nvidia_arch, target_of
 from .plan import MAX_HEAD_DIM, padded_head_dim
 from .recipes import Recipe, get_recipe
 
@@ -94,17 +94,6 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.requires_grad or k.requires_grad or v.requires_grad:
         return "inputs require grad; the FP8 path is forward-only (inference)"
     return None
-
-
-def recipe_unfit_reason(q, recipe: Recipe | None) -> str | None:
-    """Why the call's recipe cannot run on an NVIDIA GPU at this head dim (None: it can): a
-    Hadamard-rotated recipe at padded head dim 256 needs more shared memory than sm_90 has
-    (``fp8dit.device.rotation_unfit_reason``). AMD GPUs are checked as the quantization
-    launches; CPU tensors (the interpreter) are never limited."""
-    if q.device.type != "cuda" or is_hip():
-        return None
-    recipe = recipe if recipe is not None else get_recipe(None)
-    return rotation_unfit_reason(nvidia_arch_of(q.device), padded_head_dim(q.shape[-1]), recipe)
 
 
 def effective_tokens(q_lens, k_lens) -> float:
@@ -271,11 +260,6 @@ def choose(backend: str, q, k, v, *, is_causal: bool, q_lens, k_lens,
         if backend == "fp8":
             raise BackendUnavailableError(f"backend='fp8' cannot run these inputs: {why_not}")
         return _fall_back(f"fp8 unavailable: {why_not}")
-    unfit = recipe_unfit_reason(q, recipe)
-    if unfit is not None:
-        if backend == "fp8":
-            raise BackendUnavailableError(f"backend='fp8' cannot run these inputs: {unfit}")
-        return _fall_back(f"fp8 unavailable: {unfit}")
     max_k_len = 0
     for n in k_lens:  # not max(generator, default=0): dynamo before torch 2.14 cannot trace it
         max_k_len = max(max_k_len, int(n))

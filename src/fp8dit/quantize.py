@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import env, tuning
-from .device import fp8_format, rotation_unfit_reason, target_of
+from .device import fp8_format, target_of
 from .kernels.quantize import (
     N_STATS,
     ROPE_FOUR,
@@ -38,15 +38,11 @@ LOG2E = 1.4426950408889634
 _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
 
 
-# timing switch: the rotation by a fast Walsh-Hadamard transform instead of a tf32 dot
-ROTATE_FWHT = False
-KV_ROT_WARPS = None  # timing switch: quantize_kv's warps when rotating
-
-
 def hadamard(n: int, device: torch.device) -> torch.Tensor:
-    """Orthonormal Sylvester-Hadamard matrix [n, n] fp32 (n a power of two), one per device;
-    made on the first call with a rotating recipe (before any CUDA-graph capture, like the
-    plan's tables)."""
+    """Orthonormal Sylvester-Hadamard matrix [n, n] fp32 (n a power of two), cached per device:
+    the rotation of the ``rotate`` recipes, which the quantization kernels apply without it
+    (``kernels.quantize._rotate``, a fast Walsh-Hadamard transform); the emulation's reference
+    (``fp8dit.testing``)."""
     key = (n, str(device))
     h = _HADAMARD.get(key)
     if h is None:
@@ -106,15 +102,10 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     Dp, BM, BN = plan.head_dim_padded, key.block_m, key.block_n
     soft = env.triton_interpret()
     tgt, fmt = target_of(dev), fp8_format(dev)
-    # NVIDIA GPUs are refused earlier, by the dispatcher (which knows their architecture)
-    unfit = rotation_unfit_reason(tgt.arch, Dp, recipe) if tgt.hip else None
-    if unfit is not None:
-        raise ValueError(unfit)
     qk_int8 = recipe.qk == "int8"
     pv_bf16 = recipe.pv == "bf16"
     tensor_scales = recipe.scales == "tensor"
     tabs = tabs or plan.tables(dev)
-    rot = hadamard(Dp, dev) if recipe.rotate else tabs["seq"]  # read only when rotating
     f32 = torch.float32
     qk_dtype = torch.int8 if qk_int8 else fmt.dtype
     quant = tuning.current().quantization
@@ -139,12 +130,12 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
 
     def grid(blocks, heads):  # with rope, heads first: they share the table's rows in L2
         return (heads, blocks, B) if rope_mode else (blocks, heads, B)
-    rot_q = rot_k = rot
-    if recipe.balance:  # per (sequence, kv head) matrices with the rotation folded in
+    bal_q = bal_k = tabs["seq"]  # read only by the balance recipes
+    if recipe.balance:  # per (sequence, kv head) vectors, applied before the rotation
         from .balance import balance_tables
 
-        rot_q, rot_k = balance_tables(plan, q, q_strides, k, k_strides, tabs, rot, rope_args,
-                                      soft, tgt.hip, vectors=ROTATE_FWHT)
+        bal_q, bal_k = balance_tables(plan, q, q_strides, k, k_strides, tabs, rope_args, soft,
+                                      tgt.hip)
     ws = Workspace(
         q8=torch.empty(H, plan.q_total_padded, Dp, device=dev, dtype=qk_dtype),
         q_scale=torch.empty(H, plan.q_total_padded, device=dev, dtype=f32),
@@ -193,26 +184,25 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
         rows = BN // n_prog
         quantize_kv_kernel[grid(plan.max_k_blocks * n_prog, Hkv)](
             k, v, k_mean, tabs["seq"], ws.k8, ws.k_scale, ws.v8t, ws.v_scale, ws.v_mean, amax,
-            rot_k, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
+            bal_k, *k_strides, *v_strides, D, plan.k_total_padded, ws.k_scale.shape[1],
             DP=Dp, BLOCK_N=rows, QK_INT8=qk_int8, SOFT_FP8_CAST=soft,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            ROT_PER_HEAD=recipe.balance, FWHT=ROTATE_FWHT and recipe.rotate,
-            num_warps=(KV_ROT_WARPS if recipe.rotate and KV_ROT_WARPS
-                       else tile_warps(rows, Dp, tgt.warp_size)), HIP=tgt.hip,
+            BALANCE=recipe.balance,
+            num_warps=tile_warps(rows, Dp, tgt.warp_size), HIP=tgt.hip,
             **fmt.constexprs(), **rope_args,
         )
     if plan.max_q_blocks:
         q_rows = quant.q_rows.get(Dp, BM)
         q_sub = BM // q_rows if 0 < q_rows < BM and BM % q_rows == 0 else 1
         quantize_q_kernel[grid(plan.max_q_blocks * q_sub, H)](
-            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, rot_q, *q_strides,
+            q, k_mean, tabs["seq"], ws.q8, ws.q_scale, ws.q_corr, amax, bal_q, *q_strides,
             D, plan.q_total_padded, H // Hkv, scale, scale * LOG2E,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, ROT_PER_HEAD=recipe.balance, FWHT=ROTATE_FWHT and recipe.rotate,
+            SUBBLOCKS=q_sub, BALANCE=recipe.balance,
             num_warps=tile_warps(BM // q_sub, Dp, tgt.warp_size), HIP=tgt.hip,
             **fmt.constexprs(), **rope_args,
         )

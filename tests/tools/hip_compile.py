@@ -112,7 +112,7 @@ def table(results: list[dict]) -> str:
                    "int8" if c.get("QK_INT8") else "fp8" if "QK_INT8" in c else "")
         if "PV_BF16" in c:
             variant += "/bf16" if c["PV_BF16"] else "/fp8"
-        if c.get("ROT_PER_HEAD"):
+        if c.get("BALANCE"):
             variant += " bal"
         elif c.get("ROTATE"):
             variant += " rot"

@@ -70,7 +70,7 @@ def main() -> int:
     a = ap.parse_args()
     x = "*" + a.dtype
     ptr_types = dict(k_ptr=x, v_ptr=x, q_ptr=x, seq_ptr="*i32",
-                   k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", rot_ptr="*i32",
+                   k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", bal_ptr="*fp32",
                    k8lo_ptr="*i8", q8lo_ptr="*i8", sm_scale="fp32", sm_scale_log2="fp32",
                    **{n: "*bf16" if a.rope == 2 else "*fp32" for n in ("cos_ptr", "sin_ptr")})
     rope = dict(ROPE=a.rope, HALF_D=a.dp // 2, ROPE_RANGE=a.rope_range)

@@ -78,21 +78,21 @@ def _div_or(num, den, other):
 
 
 @triton.jit
-def balance_matrices_kernel(
-    qm_ptr, km_ptr, seq_ptr, rot_ptr, mq_ptr, mk_ptr,
+def balance_vectors_kernel(
+    qm_ptr, km_ptr, seq_ptr, vq_ptr, vk_ptr,
     Hkv, group, nq_chunks, nk_chunks,
     DP: tl.constexpr, ALPHA_MIN: tl.constexpr, S_LIMIT: tl.constexpr,
-    VECTORS: tl.constexpr = False,
 ):
-    """``fp8dit.balance.balance_matrices`` for one (sequence, kv head) per program, from the
-    channel sums as :func:`channel_moments_kernel` writes them (Q: [B, Hkv * group, nq_chunks,
-    2, DP], K: [B, Hkv, nk_chunks, 2, DP]) to ``Mq``, ``Mk`` [B, Hkv, DP, DP] float32.
+    """The transform of ``fp8dit.balance.balance_matrices`` for one (sequence, kv head) per
+    program, from the channel sums as :func:`channel_moments_kernel` writes them (Q: [B,
+    Hkv * group, nq_chunks, 2, DP], K: [B, Hkv, nk_chunks, 2, DP]), as the vectors the
+    quantization applies it with (``kernels.quantize._rotate``): ``vq`` = (u, (a - 1) u, 1/s),
+    ``vk`` = (u, (1/a - 1) u, s), [B, Hkv, 3, DP] float32 each, for ``Mq = (I + (a - 1) u u^T)
+    diag(1/s) R`` and ``Mk = (I + (1/a - 1) u u^T) diag(s) R``.
 
     One launch for what was ~60 small torch ops, whose launches the GPU waited on: -bal cost
-    +10.1% at CogVideoX-5B with them, +5.4% with this kernel (H100, docs/design.md). The
-    statistics are float64 as there; the matrices are float32, built without a matrix product:
-    ``Pq diag(1/s) R`` with ``Pq = I + (a - 1) u u^T`` is
-    ``diag(1/s) R + (a - 1) u (R^T (u / s))^T``, and ``Mk`` the same with ``s`` and ``1/a - 1``."""
+    +10.1% at CogVideoX-5B with them, +5.4% with one kernel building the matrices (H100,
+    docs/design.md). The statistics are float64 as there; the vectors float32."""
     pid = tl.program_id(0)
     b = pid // Hkv
     hk = pid % Hkv
@@ -138,23 +138,12 @@ def balance_matrices_kernel(
     s = tl.where(ok, tl.sqrt(tl.sqrt(_div_or(eq2p, vkp, 1.0))), 1.0)
     s = tl.minimum(tl.maximum(s, 1.0 / S_LIMIT), S_LIMIT)
 
-    if VECTORS:  # (u, (a - 1) u, 1/s) for Q, (u, (1/a - 1) u, s) for K: [B, Hkv, 3, DP] each
-        vo = pid.to(tl.int64) * 3 * DP + offs
-        u32 = u.to(tl.float32)
-        tl.store(mq_ptr + vo, u32)
-        tl.store(mq_ptr + vo + DP, a1.to(tl.float32) * u32)
-        tl.store(mq_ptr + vo + 2 * DP, (1.0 / s).to(tl.float32))
-        tl.store(mk_ptr + vo, u32)
-        tl.store(mk_ptr + vo + DP, bk.to(tl.float32) * u32)
-        tl.store(mk_ptr + vo + 2 * DP, s.to(tl.float32))
-    else:
-        # 3. Mq = diag(1/s) R + (a - 1) u (R^T (u / s))^T, Mk = diag(s) R + (1/a - 1) u (R^T (u s))^T
-        rows = offs[:, None] * DP + offs[None, :]
-        r = tl.load(rot_ptr + rows)
-        s32 = s.to(tl.float32)
-        u32 = u.to(tl.float32)
-        tq = tl.sum((u / s).to(tl.float32)[:, None] * r, 0)
-        tk = tl.sum((u * s).to(tl.float32)[:, None] * r, 0)
-        out = pid.to(tl.int64) * DP * DP + rows
-        tl.store(mq_ptr + out, r / s32[:, None] + a1.to(tl.float32) * u32[:, None] * tq[None, :])
-        tl.store(mk_ptr + out, r * s32[:, None] + bk.to(tl.float32) * u32[:, None] * tk[None, :])
+    # 3. the vectors
+    out = pid.to(tl.int64) * 3 * DP + offs
+    u32 = u.to(tl.float32)
+    tl.store(vq_ptr + out, u32)
+    tl.store(vq_ptr + out + DP, a1.to(tl.float32) * u32)
+    tl.store(vq_ptr + out + 2 * DP, (1.0 / s).to(tl.float32))
+    tl.store(vk_ptr + out, u32)
+    tl.store(vk_ptr + out + DP, bk.to(tl.float32) * u32)
+    tl.store(vk_ptr + out + 2 * DP, s.to(tl.float32))

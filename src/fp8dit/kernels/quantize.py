@@ -24,8 +24,7 @@ one scale per tensor for Q, K and V from :func:`qkv_abs_max_kernel` +
 The device's constants arrive as constexprs too (``fp8dit.device``; the defaults are NVIDIA's):
 ``FP8_MAX``, what an fp8 scale maps the largest magnitude to (448; 224 in fnuz), and
 ``FP8_FNUZ``, fp8 codes in float8e4b8 (e4m3fnuz, AMD gfx942) instead of float8e4nv;
-``HIP``, an AMD GPU: no inline PTX (``common.mul_rn``, ``common.rotate_pair_bf16``) and the
-rotation's dot in one of HIP's input precisions (``_rotate``).
+``HIP``, an AMD GPU: no inline PTX (``common.mul_rn``, ``common.rotate_pair_bf16``).
 """
 
 import triton
@@ -162,19 +161,11 @@ def _block_and_head(HEADS_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _round_tf32(x):
-    """fp32 values to the nearest tf32 value (ties away from zero, as ``cvt.rna.tf32.f32``),
-    kept in fp32: a tensor core reading an fp32 operand as tf32 drops its low 13 bits instead
-    (truncation toward zero), which biases every product the same way."""
-    b = x.to(tl.uint32, bitcast=True) + 0x1000
-    return ((b >> 13) << 13).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _fwht(x, ROWS: tl.constexpr, DP: tl.constexpr):
-    """``x @ H`` for the unnormalized Sylvester-Hadamard matrix H [DP, DP] (DP a power of two),
-    in fp32 adds: a butterfly on the lowest index bit, then a cyclic rotation of the index bits
-    (the transformed bit becomes the highest), log2(DP) times."""
+    """``x @ H`` for the unnormalized Sylvester-Hadamard matrix H [DP, DP] (DP a power of two)
+    along each of the ``ROWS`` rows, in fp32 adds: a butterfly on the lowest bit of the channel
+    index, then a cyclic rotation of the index bits (the transformed bit becomes the highest),
+    log2(DP) times, which leaves the channels in their order."""
     for _ in tl.static_range(DP.bit_length() - 1):
         a, b = tl.split(tl.reshape(x, [ROWS, DP // 2, 2]))
         x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 2, 1]), [ROWS, DP])
@@ -182,58 +173,26 @@ def _fwht(x, ROWS: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _rotate_fwht(x, vec_ptr, ROWS: tl.constexpr, DP: tl.constexpr,
-                 PER_HEAD: tl.constexpr = False):
-    """``_rotate`` by a fast Walsh-Hadamard transform; ``PER_HEAD`` (the balance recipes):
-    ``vec_ptr`` holds (u, c u, w) [3, DP] of this head and side, and the transform is
-    ``((x + (x . u) c u) * w) @ R``."""
-    if PER_HEAD:
+def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.constexpr = False):
+    """``x @ R`` for the orthonormal Hadamard matrix R = H / sqrt(DP) (recipes with ``rotate``,
+    ``quantize.hadamard``): spreads outlier channels over all channels before the per-token /
+    per-block scale is taken, so one large channel no longer coarsens the others' int8 steps.
+    Scores are unchanged (R R^T = I). A fast Walsh-Hadamard transform (``_fwht``): fp32 adds in
+    registers, log2(DP) per value, where a tf32 dot with the matrix read R from memory in every
+    program, spilled, and rounded each product to tf32 (docs/design.md).
+
+    ``BALANCE`` (the balance recipes, ``fp8dit.balance``): ``bal_ptr`` holds (u, c u, w)
+    [3, DP] of this (sequence, kv head) and side, and the transform is
+    ``((x + (x . u) c u) * w) @ R``: the matrix ``(I + c u u^T) diag(w) R`` applied as a rank-one
+    update, a channel scale and the rotation."""
+    if BALANCE:
         offs = tl.arange(0, DP)
-        u = tl.load(vec_ptr + offs)
-        cu = tl.load(vec_ptr + DP + offs)
-        w = tl.load(vec_ptr + 2 * DP + offs)
+        u = tl.load(bal_ptr + offs)
+        cu = tl.load(bal_ptr + DP + offs)
+        w = tl.load(bal_ptr + 2 * DP + offs)
         xu = tl.sum(x * u[None, :], 1)
         x = (x + xu[:, None] * cu[None, :]) * w[None, :]
     return _fwht(x, ROWS, DP) * (1.0 / tl.sqrt(DP * 1.0))
-
-
-@triton.jit
-def _rotate(x, rot_ptr, DP: tl.constexpr, PRECISE: tl.constexpr = False,
-            HIP: tl.constexpr = False, ROUND: tl.constexpr = False):
-    """``x @ R`` for the [DP, DP] orthonormal Hadamard matrix at ``rot_ptr`` (recipes with
-    ``rotate``): spreads outlier channels over all channels before the per-token / per-block
-    scale is taken, so one large channel no longer coarsens the others' int8 steps. Scores are
-    unchanged (R R^T = I). tf32 on the GPU: its rounding is ~2% of an int8 step, fine for one
-    int8 term. ``PRECISE`` (two-term recipes, whose second term resolves 1/254 of a step): fp32
-    accuracy from three tf32 products (tf32x3); with tf32 the H200 put the DiT-like LSE 0.08
-    off (0.001 in the interpreter, whose dots are fp32), and the FMA-based "ieee" dot made
-    the quantization ~170 ms slower at Wan 720p (H200, 2026-12-02). ``ROUND`` (the balance
-    recipes' per-head matrices, which are not orthonormal: Q's mean direction shrunk up to 32x,
-    channels scaled by up to 64x, K stretched to match): tf32 with both operands rounded to
-    nearest first. tf32's error is relative to the unscaled operands, and the tensor cores
-    truncate an fp32 operand to tf32: each score shrinks a little, every score the same way,
-    and the log-sum-exp moves with them. On an H100 (2026-12-06) the mean LSE error of
-    ``int8qk-fp8pv-bal`` at 512 tokens was 0.0189 (bias-q) and 0.0122 (dit-gqa) against its
-    fp32 emulation's 0.0101 and 0.0080; the emulation with the operands truncated to tf32
-    gives 0.0190 and 0.0122, rounded to nearest 0.0105 and 0.0078 (``tests/test_stress.py``).
-    tf32x3 would give 0.0101 and 0.0080, but its split operands took the quantize_kv launch
-    at padded head dim 128 to 256 KB of shared memory, over sm_90's 227 KB (compiled with
-    triton 3.8, 2026-12-06). ``HIP`` (AMD: no tf32x3,
-    HIP takes ieee, bf16x3 or bf16x6): "ieee", on the fp32 matrix instructions of CDNA3/4
-    (``v_mfma_f32_*_f32``, gfx942 and gfx950 ISA), fp32 accuracy for one and two terms alike;
-    its speed is not yet measured."""
-    offs = tl.arange(0, DP)
-    r = tl.load(rot_ptr + offs[:, None] * DP + offs[None, :])
-    # (if/else and one return: compiled Triton builds the code after a constexpr branch's return)
-    if HIP:
-        y = tl.dot(x, r, input_precision="ieee")
-    elif PRECISE:
-        y = tl.dot(x, r, input_precision="tf32x3")
-    elif ROUND:
-        y = tl.dot(_round_tf32(x), _round_tf32(r))
-    else:
-        y = tl.dot(x, r)
-    return y
 
 
 @triton.jit
@@ -440,7 +399,7 @@ def _kv_block_at(x_ptr, b, h, x_sb, x_st, x_sh, x_sd, k_src, k_len, blk, rows, o
 @triton.jit
 def quantize_kv_kernel(
     k_ptr, v_ptr, k_mean_ptr, seq_ptr,
-    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr, amax_ptr, rot_ptr,
+    k8_ptr, k_scale_ptr, v8t_ptr, v_scale_ptr, v_mean_ptr, amax_ptr, bal_ptr,
     k_sb, k_st, k_sh, k_sd,
     v_sb, v_st, v_sh, v_sd,
     D, Tk_pad, n_kblocks,
@@ -451,9 +410,8 @@ def quantize_kv_kernel(
     kblk_ptr=None, KAMAX_FROM_STATS: tl.constexpr = False,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
-    ROT_PER_HEAD: tl.constexpr = False,
+    BALANCE: tl.constexpr = False,
     FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
-    FWHT: tl.constexpr = False,
 ):
     """A block of ``BLOCK_N`` tokens of one kv head: smooth + quantize K, center + quantize V.
 
@@ -472,9 +430,9 @@ def quantize_kv_kernel(
     block's. ``PV_BF16``: V (minus its mean, zero unless centered) is stored in bf16, unscaled.
     ``TWO_TERM``: K's int8 rounding residual goes to ``k8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): K is rotated as loaded, bitwise as the statistics pass rotated
-    it; heads first in the grid (``_block_and_head``). ``ROT_PER_HEAD`` (with ``ROTATE``, the
-    ``balance`` recipes): ``rot`` holds one [DP, DP] matrix per (sequence, kv head)
-    (``fp8dit.balance``) instead of one for all.
+    it; heads first in the grid (``_block_and_head``). ``BALANCE`` (with ``ROTATE``, the
+    ``balance`` recipes): ``bal`` holds K's balance vectors, [3, DP] per (sequence, kv head)
+    (``_rotate``, ``fp8dit.balance``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else FP8_MAX
     blk, h, Hkv, b = _block_and_head(ROPE != 0)
@@ -527,15 +485,9 @@ def quantize_kv_kernel(
         if not KAMAX_FROM_STATS:
             n_bad = tl.sum(tl.sum(tl.where(finite_or(ks, 0.0) == ks, 0, 1), 1), 0)
         if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
-            rp = rot_ptr
-            if FWHT:
-                if ROT_PER_HEAD:
-                    rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (3 * DP)
-                ks = _rotate_fwht(finite_or(ks, 0.0), rp, BLOCK_N, DP, ROT_PER_HEAD)
-            else:
-                if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
-                    rp = rot_ptr + (b * Hkv + h).to(tl.int64) * (DP * DP)
-                ks = _rotate(finite_or(ks, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
+            # the balance recipes' vectors of this (sequence, kv head)
+            bp = bal_ptr + (b * Hkv + h).to(tl.int64) * (3 * DP)
+            ks = _rotate(finite_or(ks, 0.0), bp, BLOCK_N, DP, BALANCE)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         elif KAMAX_FROM_STATS:
@@ -602,7 +554,7 @@ def _load_q_rows(q_ptr, b, h, q_src, q_len, blk, q_sb, q_st, q_sh, q_sd, D,
 @triton.jit
 def quantize_q_kernel(
     q_ptr, k_mean_ptr, seq_ptr,
-    q8_ptr, q_scale_ptr, q_lse_corr_ptr, amax_ptr, rot_ptr,
+    q8_ptr, q_scale_ptr, q_lse_corr_ptr, amax_ptr, bal_ptr,
     q_sb, q_st, q_sh, q_sd,
     D, Tq_pad, group, sm_scale, sm_scale_log2,
     DP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -611,9 +563,8 @@ def quantize_q_kernel(
     q8lo_ptr=None, TWO_TERM: tl.constexpr = False, SUBBLOCKS: tl.constexpr = 1,
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
-    ROT_PER_HEAD: tl.constexpr = False,
+    BALANCE: tl.constexpr = False,
     FP8_MAX: tl.constexpr = 448.0, FP8_FNUZ: tl.constexpr = False, HIP: tl.constexpr = False,
-    FWHT: tl.constexpr = False,
 ):
     """A block of ``BLOCK_M`` query tokens of one head: per-token scale.
 
@@ -625,7 +576,8 @@ def quantize_q_kernel(
     tensor-wide scale (``amax_ptr[0]``), still stored per row for the attention kernel.
     ``TWO_TERM``: Q's int8 rounding residual goes to ``q8lo`` (``common.residual_int8``).
     ``ROPE`` (``_rope_pairs``): Q is rotated as loaded; heads first in the grid
-    (``_block_and_head``).
+    (``_block_and_head``). ``BALANCE`` (with ``ROTATE``): ``bal`` holds Q's balance vectors,
+    [3, DP] per (sequence, kv head) (``_rotate``, ``fp8dit.balance``).
     """
     QMAX: tl.constexpr = 127.0 if QK_INT8 else FP8_MAX
     blk, h, H, b = _block_and_head(ROPE != 0)
@@ -645,16 +597,9 @@ def quantize_q_kernel(
                             loc, rmask, rope_lo, rope_n, DP, BLOCK_M, HALF_D, ROPE,
                             ROPE_RANGE, SOFT_FP8_CAST, HIP)
         if ROTATE:
-            rp = rot_ptr
-            if FWHT:
-                if ROT_PER_HEAD:
-                    rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (3 * DP)
-                qr = _rotate_fwht(finite_or(q, 0.0), rp, BLOCK_M, DP, ROT_PER_HEAD)
-            else:
-                if ROT_PER_HEAD:  # the balance recipes' matrix of this (sequence, kv head)
-                    rp = rot_ptr + (b * Hkv + h // group).to(tl.int64) * (DP * DP)
-                # masked rows: already 0
-                qr = _rotate(finite_or(q, 0.0), rp, DP, TWO_TERM, HIP, ROT_PER_HEAD)
+            # the balance recipes' vectors of this (sequence, kv head); masked rows: already 0
+            bp = bal_ptr + (b * Hkv + h // group).to(tl.int64) * (3 * DP)
+            qr = _rotate(finite_or(q, 0.0), bp, BLOCK_M, DP, BALANCE)
         else:
             qr = q
         if TENSOR_SCALES:
