@@ -140,6 +140,52 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
+@pytest.mark.parametrize("bad", [None, float("nan")])
+@pytest.mark.parametrize("recipe", ["int8qk-fp8pv-rot", "int8qk-fp8pv-bal"])
+def test_rotated_k_amax_from_the_stats_pass_matches_the_spanning_one(monkeypatch, recipe, bad):
+    """The rotating recipes' K scale per 256-key block from the statistics pass's max and min
+    of the rotated K, less the rotated mean, against 256-row programs that rotate K minus its
+    mean and take the amax themselves: the same up to fp32 rounding (the two subtract the mean
+    on either side of the rotation), the same non-finite block flagged, and the int8 keys at
+    most one step apart in a few places. Varlen, GQA, D=72 (every rotated channel counts, the
+    padded ones included), an outlier channel."""
+    lens = [300, 520]
+    T, D = sum(lens), 72
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(T, 4, D, generator=g).bfloat16()
+    k = (torch.randn(T, 2, D, generator=g) * 2 + torch.randn(D, generator=g) * 5)
+    k[..., 3] *= 8.0
+    k = k.bfloat16()
+    v = torch.randn(T, 2, D, generator=g).bfloat16()
+    if bad is not None:
+        k[300 + 400, 1, 7] = bad  # second sequence, key 400: block 1, second half
+    with tuning.override(tiles={128: dict(block_n=256)}):
+        plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
+                                  head_dim=D, is_causal=False, device=q.device)
+    assert plan.key.block_n == 256 and plan.stats_chunk == 256
+
+    def ws(rows):
+        st = [attend._bthd_strides(t, "varlen") for t in (q, k, v)]
+        with monkeypatch.context() as m, tuning.override(quantization=dict(kv_rows={128: rows})):
+            m.setattr(torch, "empty", _poisoned(torch.empty))
+            return quantize.quantize_stage(plan, get_recipe(recipe), 0.125, q, st[0], k, st[1],
+                                           v, st[2], kv_perm16=True)
+
+    spanning, from_stats = ws(0), ws(128)
+    a, b = spanning.k_scale, from_stats.k_scale
+    assert torch.equal(a.isnan(), b.isnan())
+    assert b.isnan().nonzero().tolist() == ([] if bad is None else [[1, 3]])
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=0, equal_nan=True)
+    assert not torch.equal(a, b)  # the stats path ran: its rounding differs somewhere
+    live = b.isfinite().repeat_interleave(256, 1)[..., None]  # [Hkv, T, 1]
+    diff = ((spanning.k8.float() - from_stats.k8.float()) * live).abs()
+    assert diff.max() <= 1 and diff.gt(0).float().mean() < 1e-3
+    for name in ("q8", "q_scale", "v8t", "v_scale", "v_mean"):
+        x, y = getattr(spanning, name), getattr(from_stats, name)
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
 @pytest.mark.parametrize("knob", ["stats_sub", "kv_rows", "q_rows"])
 def test_quantization_launch_shape_gives_the_same_workspace_bitwise(monkeypatch, knob):
     """The quantization's launch shape (``tuning.Quantization``: the GPU's K/V and Q program

@@ -112,12 +112,11 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     # One K scale per kv block, the warp-specialized kernel's 256-key blocks included (H200,
     # 2026-12-03: 836 / 844 TFLOPS at Wan 720p / HunyuanVideo against 802 / 804 with one per
     # 128 keys). Over more rows than a quantize_kv program holds, the block's amax comes from
-    # the statistics pass (not with rotation, whose amax is taken after the rotation, nor with
-    # tensor-wide scales).
+    # the statistics pass (with rotation, of the rotated K: the rotation is linear), not with
+    # tensor-wide scales.
     kv_rows = quant.kv_rows.get(Dp, 0)
     kamax_stats = (0 < kv_rows < BN and BN % kv_rows == 0
-                   and plan.stats_chunk % BN == 0
-                   and not recipe.rotate and not tensor_scales)
+                   and plan.stats_chunk % BN == 0 and not tensor_scales)
     n_prog = BN // kv_rows if kamax_stats else 1
     rope_mode, rope_args = ROPE_NONE, {}
     if rope is not None:  # fp8dit.rope.rope_tables: [2, rows, D / 2] (Wan) or [2, rows, D]
@@ -172,6 +171,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(quant.stats_sub_elems_interpret if soft else quant.stats_sub_elems) // Dp,
             KBLK=BN if kamax_stats else 0,
+            bal_ptr=bal_k, ROTATE=recipe.rotate and kamax_stats, BALANCE=recipe.balance,
             num_warps=quant.stats_warps, SOFT_CAST=soft, HIP=tgt.hip, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
