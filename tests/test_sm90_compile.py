@@ -144,15 +144,22 @@ HOT_LOOP_INSTRUCTIONS = {  # (padded head dim, two-term QK) -> instructions
                                   ["kv", "--rope", "3", "--rope-range"],
                                   ["q", "--rope", "3", "--rope-range"],
                                   ["stats", "--rope", "3", "--rope-range"],
-                                  ["stats", "--dtype", "fp16"]],
+                                  ["stats", "--dtype", "fp16"],
+                                  ["kv", "--rotate", "--balance"],
+                                  ["kv", "--dp", "64", "--rows", "64", "--rotate"],
+                                  ["q", "--rotate", "--balance"],
+                                  ["stats", "--rotate", "--balance"],
+                                  ["stats", "--dp", "64", "--sub", "8", "--rotate"]],
                          ids=["kv-d128", "kv-d64", "q", "stats-d128", "stats-d64",
                               "kv-d128-rope", "q-rope", "stats-d128-rope", "stats-rope-fp32",
-                              "kv-rope-four", "q-rope-four", "stats-rope-four", "stats-fp16"])
+                              "kv-rope-four", "q-rope-four", "stats-rope-four", "stats-fp16",
+                              "kv-d128-bal", "kv-d64-rot", "q-bal", "stats-d128-bal",
+                              "stats-d64-rot"])
 def test_quantizers_store_16_bytes_at_a_time_without_spills_on_sm90(args):
-    """The quantization kernels as the H200 runs them (the launch's specializations included):
-    global stores vectorized and no spills, with every Triton release measured (3.6, 3.8,
-    3.9). V^T's store went byte-wise once when its base's alignment was unknown (32 STG.E.U8
-    per thread, a spilling program)."""
+    """The quantization kernels as the H200 runs them (the launch's specializations included),
+    the rotating recipes' in the same program shapes: global stores vectorized and no spills,
+    with every Triton release measured (3.6, 3.8, 3.9). V^T's store went byte-wise once when
+    its base's alignment was unknown (32 STG.E.U8 per thread, a spilling program)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tool = os.path.join(os.path.dirname(__file__), "tools", "sass_quantize.py")
     proc = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True,

@@ -66,8 +66,11 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="q, k, v")
     ap.add_argument("--rope", type=int, default=0, choices=(0, 1, 2, 3))
     ap.add_argument("--rope-range", action="store_true")
+    ap.add_argument("--rotate", action="store_true", help="the rotating recipes' transform")
+    ap.add_argument("--balance", action="store_true", help="with --rotate: the balance recipes'")
     ap.add_argument("--dump", default="")
     a = ap.parse_args()
+    rot = dict(ROTATE=a.rotate, BALANCE=a.rotate and a.balance)
     x = "*" + a.dtype
     ptr_types = dict(k_ptr=x, v_ptr=x, q_ptr=x, seq_ptr="*i32",
                    k8_ptr="*i8", q8_ptr="*i8", v8t_ptr="*fp8e4nv", bal_ptr="*fp32",
@@ -76,20 +79,20 @@ def main() -> int:
     rope = dict(ROPE=a.rope, HALF_D=a.dp // 2, ROPE_RANGE=a.rope_range)
     if a.kernel == "kv":
         const = dict(DP=a.dp, BLOCK_N=a.rows, QK_INT8=True, SOFT_FP8_CAST=False,
-                     TENSOR_SCALES=False, PV_BF16=False, ROTATE=False, KV_PERM16=True,
+                     TENSOR_SCALES=False, PV_BF16=False, KV_PERM16=True,
                      TWO_TERM=False, SUBBLOCKS=256 // a.rows, KAMAX_FROM_STATS=a.rows < 256,
-                     k_sd=1, v_sd=1, **rope)
+                     k_sd=1, v_sd=1, **rope, **rot)
         args = (Q.quantize_kv_kernel, ptr_types, const, max(4, a.rows * a.dp // 1024),
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D", "Tk_pad"))
     elif a.kernel == "q":
         const = dict(DP=a.dp, BLOCK_M=a.rows, SMOOTH_K=True, QK_INT8=True, SOFT_FP8_CAST=False,
-                     TENSOR_SCALES=False, ROTATE=False, TWO_TERM=False,
-                     SUBBLOCKS=max(1, 64 // a.rows), q_sd=1, **rope)
+                     TENSOR_SCALES=False, TWO_TERM=False,
+                     SUBBLOCKS=max(1, 64 // a.rows), q_sd=1, **rope, **rot)
         args = (Q.quantize_q_kernel, ptr_types, const, max(4, a.rows * a.dp // 1024),
                 ("q_sb", "q_st", "q_sh", "D", "Tq_pad"))
     else:
         const = dict(DP=a.dp, CHUNK=512, SUB=a.sub, KBLK=256,
-                     k_sd=1, v_sd=1, SOFT_CAST=False, **rope)
+                     k_sd=1, v_sd=1, SOFT_CAST=False, **rope, **rot)
         args = (Q.kv_channel_stats_kernel, ptr_types, const, 4,
                 ("k_sb", "k_st", "k_sh", "v_sb", "v_st", "v_sh", "D"))
     sass, rep = compile_sm90(*args)
