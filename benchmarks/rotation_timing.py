@@ -12,19 +12,22 @@ from fp8dit import attend, quantize, tuning
 from fp8dit.recipes import get_recipe
 
 SHAPES = {"cog": (1, 48, 17776, 64), "wan720": (1, 40, 75600, 128)}
-# name -> (recipe, fwht, kv warps, q rows override)
+# name -> (recipe, fwht, kv warps, q rows override, rotated K amax from the statistics)
 VARIANTS = {
-    "default": ("int8qk-fp8pv", False, None, None),
-    "rot-dot": ("int8qk-fp8pv-rot", False, None, None),
-    "rot-fwht": ("int8qk-fp8pv-rot", True, None, None),
-    "bal-dot": ("int8qk-fp8pv-bal", False, None, None),
-    "bal-fwht": ("int8qk-fp8pv-bal", True, None, None),
+    "default": ("int8qk-fp8pv", False, None, None, False),
+    "rot-dot": ("int8qk-fp8pv-rot", False, None, None, False),
+    "rot-fwht": ("int8qk-fp8pv-rot", True, None, None, False),
+    "rot-fwht-kam": ("int8qk-fp8pv-rot", True, None, None, True),
+    "bal-dot": ("int8qk-fp8pv-bal", False, None, None, False),
+    "bal-fwht": ("int8qk-fp8pv-bal", True, None, None, False),
+    "bal-fwht-kam": ("int8qk-fp8pv-bal", True, None, None, True),
 }
 
 
 def setting(name, D):
-    rec, fwht, kvw, qrows = VARIANTS[name]
+    rec, fwht, kvw, qrows, kam = VARIANTS[name]
     quantize.ROTATE_FWHT = fwht
+    quantize.KAMAX_ROTATED = kam
     rows = 256
     quantize.KV_ROT_WARPS = (quantize.tile_warps(rows, D) // 2) if kvw == "half" else None
     over = dict(quantization=dict(q_rows={D: qrows})) if qrows else {}
@@ -96,7 +99,7 @@ def accuracy():
         s = qd @ kd.transpose(-1, -2) / math.sqrt(D)
         lse_ref = torch.logsumexp(s, -1)
         ref = (torch.softmax(s, -1) @ vd).transpose(1, 2)
-        for name in ("rot-dot", "rot-fwht", "bal-dot", "bal-fwht"):
+        for name in ("rot-dot", "rot-fwht", "rot-fwht-kam", "bal-dot", "bal-fwht", "bal-fwht-kam"):
             if D == 256 and name.endswith("dot"):
                 continue
             rec, _ = setting(name, D)

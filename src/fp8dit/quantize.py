@@ -41,6 +41,8 @@ _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
 # timing switch: the rotation by a fast Walsh-Hadamard transform instead of a tf32 dot
 ROTATE_FWHT = False
 KV_ROT_WARPS = None  # timing switch: quantize_kv's warps when rotating
+# timing switch: a rotated K block's amax from the statistics pass (with ROTATE_FWHT)
+KAMAX_ROTATED = False
 
 
 def hadamard(n: int, device: torch.device) -> torch.Tensor:
@@ -126,7 +128,8 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
     kv_rows = quant.kv_rows.get(Dp, 0)
     kamax_stats = (0 < kv_rows < BN and BN % kv_rows == 0
                    and plan.stats_chunk % BN == 0
-                   and not recipe.rotate and not tensor_scales)
+                   and (not recipe.rotate or (KAMAX_ROTATED and ROTATE_FWHT))
+                   and not tensor_scales)
     n_prog = BN // kv_rows if kamax_stats else 1
     rope_mode, rope_args = ROPE_NONE, {}
     if rope is not None:  # fp8dit.rope.rope_tables: [2, rows, D / 2] (Wan) or [2, rows, D]
@@ -181,6 +184,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(quant.stats_sub_elems_interpret if soft else quant.stats_sub_elems) // Dp,
             KBLK=BN if kamax_stats else 0,
+            bal_ptr=rot_k, ROTATE=recipe.rotate and kamax_stats, BALANCE=recipe.balance,
             num_warps=quant.stats_warps, SOFT_CAST=soft, HIP=tgt.hip, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](

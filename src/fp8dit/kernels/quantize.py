@@ -256,7 +256,8 @@ def _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask
                  DP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                  KBLK: tl.constexpr, HALF_D: tl.constexpr,
                  ROPE: tl.constexpr, ROPE_RANGE: tl.constexpr, SOFT_CAST: tl.constexpr,
-                 HIP: tl.constexpr = False):
+                 HIP: tl.constexpr = False, bal_ptr=None, ROTATE: tl.constexpr = False,
+                 BALANCE: tl.constexpr = False):
     """One chunk of ``kv_channel_stats_kernel``: rows past ``k_len`` masked, non-finite values
     left out (and K's flagged per block). Stores the chunk's four rows at ``out`` and, with
     ``KBLK``, each block's K max and min from ``kout`` on.
@@ -298,8 +299,14 @@ def _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask
             if KBLK > 0:
                 # as the quantizer's own amax: non-finite values left out (and flagged)
                 ok = m & (finite_or(k, 0.0) == k)
-                kmax = tl.maximum(kmax, tl.where(ok, k, float("-inf")))
-                kmin = tl.minimum(kmin, tl.where(ok, k, float("inf")))
+                if ROTATE:  # the rotated K's max and min; T(k - mean) = T(k) - T(mean)
+                    kr = _rotate_fwht(tl.where(ok, k, 0.0), bal_ptr, SUB, DP, BALANCE)
+                    live = (t0 + i + loc < k_len)[:, None]
+                    kmax = tl.maximum(kmax, tl.where(live, kr, float("-inf")))
+                    kmin = tl.minimum(kmin, tl.where(live, kr, float("inf")))
+                else:
+                    kmax = tl.maximum(kmax, tl.where(ok, k, float("-inf")))
+                    kmin = tl.minimum(kmin, tl.where(ok, k, float("inf")))
                 kbad += tl.where(m & ~ok, 1, 0)
         if KBLK > 0:
             if t0 + j < k_len:
@@ -324,6 +331,7 @@ def kv_channel_stats_kernel(
     cos_ptr=None, sin_ptr=None, rope_lo=0, rope_n=0,
     HALF_D: tl.constexpr = 0, ROPE: tl.constexpr = 0, ROPE_RANGE: tl.constexpr = False,
     SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False,
+    bal_ptr=None, ROTATE: tl.constexpr = False, BALANCE: tl.constexpr = False,
 ):
     """Per (chunk of tokens, kv head, sequence): channel sums of K and V, max and min of V.
 
@@ -351,6 +359,9 @@ def kv_channel_stats_kernel(
         loc = tl.arange(0, SUB)
         out = stats_ptr + (((b * Hkv + h) * n_chunks + c) * 4) * DP + offs_d
         kout = kblk_ptr
+        bp = bal_ptr
+        if BALANCE:
+            bp = bal_ptr + (b * Hkv + h).to(tl.int64) * (3 * DP)
         if KBLK > 0:
             k_blk = tl.load(seq_ptr + b * 8 + 6)
             kout = kblk_ptr + ((h * n_kblocks + k_blk + t0 // KBLK) * 2) * DP
@@ -359,7 +370,7 @@ def kv_channel_stats_kernel(
         if t0 >= 0:
             _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask, loc,
                          out, kout, cos_ptr, sin_ptr, k_ptr, rope_lo, rope_n, DP, CHUNK, SUB,
-                         KBLK, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP)
+                         KBLK, HALF_D, ROPE, ROPE_RANGE, SOFT_CAST, HIP, bp, ROTATE, BALANCE)
 
 
 @triton.jit
@@ -544,10 +555,15 @@ def quantize_kv_kernel(
             kmn = tl.load(kst + DP)
             # a non-finite K anywhere in the block (the stats' max is NaN then) or K minus
             # its mean overflowing is flagged here, so the tile's own count is not taken
-            span = tl.maximum(kmx - k_mean, k_mean - kmn)  # tl.maximum drops a NaN operand
+            km = k_mean
+            chan = dmask
+            if ROTATE:  # the statistics hold the rotated K's max and min: T(mean) beside them
+                km = tl.reshape(_rotate_fwht(k_mean[None, :], rp, 1, DP, ROT_PER_HEAD), [DP])
+                chan = offs_d >= 0
+            span = tl.maximum(kmx - km, km - kmn)  # tl.maximum drops a NaN operand
             ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
-            n_bad = tl.sum(tl.where(dmask & ~ok, 1, 0), 0)
-            k_amax = tl.max(tl.where(dmask & ok, span, 0.0), 0)
+            n_bad = tl.sum(tl.where(chan & ~ok, 1, 0), 0)
+            k_amax = tl.max(tl.where(chan & ok, span, 0.0), 0)
             k_scale = tl.maximum(k_amax, AMAX_FLOOR) / QMAX
             # a block past the call's keys: its statistics were never written; a unit scale
             # keeps its (masked) scores finite
