@@ -124,7 +124,7 @@ if __name__ == "__main__":
                 torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M"))
     print(json.dumps(meta), flush=True)
-    acc = accuracy()
     res = {s: timings(s, list(VARIANTS), rounds) for s in shapes}
+    acc = accuracy()
     with open(os.path.join(os.environ.get("OUT", "."), "rotation-timing.json"), "w") as fh:
         json.dump(dict(meta=meta, accuracy=acc, ms=res), fh, indent=1)
