@@ -92,6 +92,28 @@ def test_256_key_blocks_k_scales_and_empty_halves(monkeypatch):
     assert (deq - ref).abs().max() <= 0.07 * ref.abs().max()
 
 
+def _two_sequences_256_key_blocks(bad, outlier=1.0):
+    """Varlen Q, K, V of two sequences (300 and 520 tokens; the second starts at kv block 2),
+    GQA, D=72 (padded channels), K with a channel bias and channel 3 times ``outlier``, and
+    ``bad`` (if not None) at the second sequence's key 400 (block 1, second half); with the
+    plan of the warp-specialized kernel's 256-key blocks, whole blocks per statistics chunk."""
+    lens = [300, 520]
+    T, D = sum(lens), 72
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(T, 4, D, generator=g).bfloat16()
+    k = torch.randn(T, 2, D, generator=g) * 2 + torch.randn(D, generator=g) * 5
+    k[..., 3] *= outlier
+    k = k.bfloat16()
+    v = torch.randn(T, 2, D, generator=g).bfloat16()
+    if bad is not None:
+        k[300 + 400, 1, 7] = bad
+    with tuning.override(tiles={128: dict(block_n=256)}):
+        plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
+                                  head_dim=D, is_causal=False, device=q.device)
+    assert plan.key.block_n == 256 and plan.stats_chunk == 256
+    return q, k, v, plan
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="interpreter test")
 @pytest.mark.parametrize("bad", [None, float("nan"), float("-inf")])
 def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(monkeypatch,
@@ -103,18 +125,7 @@ def test_256_key_block_k_amax_from_the_stats_pass_is_bitwise_the_spanning_one(mo
     channels), and a NaN or infinite key in the second half of a block, which must make that
     block's scale NaN and no other's (that block's int8 values, which no score uses, may
     differ)."""
-    lens = [300, 520]
-    T, D = sum(lens), 72
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(T, 4, D, generator=g).bfloat16()
-    k = (torch.randn(T, 2, D, generator=g) * 2 + torch.randn(D, generator=g) * 5).bfloat16()
-    v = torch.randn(T, 2, D, generator=g).bfloat16()
-    if bad is not None:
-        k[300 + 400, 1, 7] = bad  # second sequence, key 400: block 1, second half
-    with tuning.override(tiles={128: dict(block_n=256)}):
-        plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
-                                  head_dim=D, is_causal=False, device=q.device)
-    assert plan.key.block_n == 256 and plan.stats_chunk == 256  # whole kv blocks per chunk
+    q, k, v, plan = _two_sequences_256_key_blocks(bad)
 
     def ws(rows):
         st = attend._bthd_strides(q, "varlen")
@@ -149,20 +160,7 @@ def test_rotated_k_amax_from_the_stats_pass_matches_the_spanning_one(monkeypatch
     on either side of the rotation), the same non-finite block flagged, and the int8 keys at
     most one step apart in a few places. Varlen, GQA, D=72 (every rotated channel counts, the
     padded ones included), an outlier channel."""
-    lens = [300, 520]
-    T, D = sum(lens), 72
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(T, 4, D, generator=g).bfloat16()
-    k = (torch.randn(T, 2, D, generator=g) * 2 + torch.randn(D, generator=g) * 5)
-    k[..., 3] *= 8.0
-    k = k.bfloat16()
-    v = torch.randn(T, 2, D, generator=g).bfloat16()
-    if bad is not None:
-        k[300 + 400, 1, 7] = bad  # second sequence, key 400: block 1, second half
-    with tuning.override(tiles={128: dict(block_n=256)}):
-        plan, _ = attend.plan_for(lens, lens, varlen=True, num_heads=4, num_kv_heads=2,
-                                  head_dim=D, is_causal=False, device=q.device)
-    assert plan.key.block_n == 256 and plan.stats_chunk == 256
+    q, k, v, plan = _two_sequences_256_key_blocks(bad, outlier=8.0)
 
     def ws(rows):
         st = [attend._bthd_strides(t, "varlen") for t in (q, k, v)]
