@@ -391,12 +391,13 @@ def test_balance_recipe_fused_rotary_matches_rotate_first(d):
     # Compiled, the rank-one update's x . u (tl.sum) adds in the order of the register
     # layout, which the fused rotary changes: some scales move by an ulp and a few int8 values
     # round the other way (a fixed-order sum cost more than the recipe's budget,
-    # docs/design.md). The two then differ far below the recipe's own error (~0.03 rel-L1);
-    # a wrong rotation (angle, table row, pairing) differs everywhere.
+    # docs/design.md). Another order of that sum, in the interpreter: <= 0.8% of the outputs
+    # differ, rel-L1 4e-5 between the two, LSE by <= 7e-4, against the recipe's own 0.034 and
+    # 0.3 from fp64 here; a wrong rotation (table row, pairing): all, 1.4, 17.
     o, w = got[0].double(), want[0].double()
     assert (o != w).double().mean().item() <= 0.02
     assert ((o - w).abs().mean() / w.abs().mean()).item() <= 1e-3
-    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-4)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-3)
 
 
 def test_balance_recipe_with_key_lengths_and_compile():

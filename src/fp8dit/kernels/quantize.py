@@ -187,8 +187,9 @@ def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.conste
     ``((x + (x . u) c u) * w) @ R``: the matrix ``(I + c u u^T) diag(w) R`` applied as a rank-one
     update, a channel scale and the rotation. Each product is rounded on its own (``mul_rn``):
     contracted into FMAs with the adds that follow, as the compiler chose per kernel, the fused
-    rotary embedding's programs and the unfused ones rounded differently, and their scales
-    differed in the last bits (H100 and H200, triton 3.6)."""
+    rotary embedding's programs rounded otherwise than the unfused ones (H100, triton 3.6).
+    ``x . u`` adds in the order of the register layout, which the fused rotary changes; a
+    fixed order cost more than the recipe (docs/design.md)."""
     if BALANCE:
         offs = tl.arange(0, DP)
         u = tl.load(bal_ptr + offs)
