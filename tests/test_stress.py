@@ -372,12 +372,13 @@ def test_balance_recipes_causal_gqa_split_varlen(name):
     torch.testing.assert_close(outv[:lens[0]], first[0], rtol=0, atol=0)
 
 
-def test_balance_recipe_fused_rotary_is_bitwise_rotate_first():
+@pytest.mark.parametrize("d", [64, 128])
+def test_balance_recipe_fused_rotary_is_bitwise_rotate_first(d):
     from fp8dit.rope import apply_rotary
 
-    q, k, v = make_stress_qkv("bias-qk", 2, 2, 200, 64, device=DEVICE)
+    q, k, v = make_stress_qkv("bias-qk", 2, 2, 200, d, device=DEVICE)
     g = torch.Generator().manual_seed(1)
-    ang = (torch.rand(200, 32, generator=g) * 20.0).repeat_interleave(2, -1)
+    ang = (torch.rand(200, d // 2, generator=g) * 20.0).repeat_interleave(2, -1)
     cos, sin = ang.cos().to(DEVICE), ang.sin().to(DEVICE)
     qr, kr = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     want = fp8dit.attention(qr, kr, v, backend="fp8", recipe=BALANCED, return_lse=True)

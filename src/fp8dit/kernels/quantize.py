@@ -173,7 +173,21 @@ def _fwht(x, ROWS: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.constexpr = False):
+def _sum_everywhere(x, ROWS: tl.constexpr, DP: tl.constexpr):
+    """Each row's sum over its ``DP`` channels, in every channel: ``_fwht``'s butterflies with
+    the sum on both sides. The adds pair the same channels whatever the register layout, where
+    ``tl.sum`` follows it (so fusing the rotary embedding, which changes the layout, changed
+    the balance recipes' scales in the last bits on the GPU)."""
+    for _ in tl.static_range(DP.bit_length() - 1):
+        a, b = tl.split(tl.reshape(x, [ROWS, DP // 2, 2]))
+        s = a + b
+        x = tl.reshape(tl.permute(tl.join(s, s), [0, 2, 1]), [ROWS, DP])
+    return x
+
+
+@triton.jit
+def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.constexpr = False,
+            SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False):
     """``x @ R`` for the orthonormal Hadamard matrix R = H / sqrt(DP) (recipes with ``rotate``,
     ``quantize.hadamard``): spreads outlier channels over all channels before the per-token /
     per-block scale is taken, so one large channel no longer coarsens the others' int8 steps.
@@ -190,8 +204,19 @@ def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.conste
         u = tl.load(bal_ptr + offs)
         cu = tl.load(bal_ptr + DP + offs)
         w = tl.load(bal_ptr + 2 * DP + offs)
-        xu = tl.sum(x * u[None, :], 1)
-        x = (x + xu[:, None] * cu[None, :]) * w[None, :]
+        if BALANCE == 2:
+            xu = _sum_everywhere(x * u[None, :], ROWS, DP)
+            x = (x + xu * cu[None, :]) * w[None, :]
+        elif BALANCE == 3:
+            xu1 = tl.sum(mul_rn(x, u[None, :], SOFT_CAST, HIP), 1)
+            x = mul_rn(x + mul_rn(xu1[:, None], cu[None, :], SOFT_CAST, HIP), w[None, :],
+                       SOFT_CAST, HIP)
+        elif BALANCE == 4:
+            xu = _sum_everywhere(mul_rn(x, u[None, :], SOFT_CAST, HIP), ROWS, DP)
+            x = mul_rn(x + mul_rn(xu, cu[None, :], SOFT_CAST, HIP), w[None, :], SOFT_CAST, HIP)
+        else:
+            xu1 = tl.sum(x * u[None, :], 1)
+            x = (x + xu1[:, None] * cu[None, :]) * w[None, :]
     return _fwht(x, ROWS, DP) * (1.0 / tl.sqrt(DP * 1.0))
 
 
@@ -259,7 +284,7 @@ def _stats_chunk(kb, vb, k_st, k_sd, v_st, v_sd, k_src, t0, k_len, offs_d, dmask
                 # as the quantizer's own amax: non-finite values left out (and flagged)
                 ok = m & (finite_or(k, 0.0) == k)
                 if ROTATE:  # every channel of the rotated rows; non-finite values left out
-                    kr = _rotate(tl.where(ok, k, 0.0), bal_ptr, SUB, DP, BALANCE)
+                    kr = _rotate(tl.where(ok, k, 0.0), bal_ptr, SUB, DP, BALANCE, SOFT_CAST, HIP)
                     live = (t0 + i + loc < k_len)[:, None]
                     kmax = tl.maximum(kmax, tl.where(live, kr, float("-inf")))
                     kmin = tl.minimum(kmin, tl.where(live, kr, float("inf")))
@@ -503,7 +528,7 @@ def quantize_kv_kernel(
         if ROTATE:  # non-finite values stay out of the dot; the NaN scale below flags the block
             # the balance recipes' vectors of this (sequence, kv head)
             bp = bal_ptr + (b * Hkv + h).to(tl.int64) * (3 * DP)
-            ks = _rotate(finite_or(ks, 0.0), bp, BLOCK_N, DP, BALANCE)
+            ks = _rotate(finite_or(ks, 0.0), bp, BLOCK_N, DP, BALANCE, SOFT_FP8_CAST, HIP)
         if TENSOR_SCALES:
             k_scale = tl.load(amax_ptr + 1) / QMAX  # floored by abs_max_finalize_kernel
         elif KAMAX_FROM_STATS:
@@ -515,7 +540,8 @@ def quantize_kv_kernel(
             km = k_mean
             chan = dmask
             if ROTATE:  # the rotated K's max and min: against the rotated mean, every channel
-                km = tl.reshape(_rotate(k_mean[None, :], bp, 1, DP, BALANCE), [DP])
+                km = tl.reshape(_rotate(k_mean[None, :], bp, 1, DP, BALANCE, SOFT_FP8_CAST, HIP),
+                                [DP])
                 chan = offs_d >= 0
             span = tl.maximum(kmx - km, km - kmn)  # tl.maximum drops a NaN operand
             ok = (kmx == kmx) & (finite_or(span, -1.0) == span)
@@ -620,7 +646,7 @@ def quantize_q_kernel(
         if ROTATE:
             # the balance recipes' vectors of this (sequence, kv head); masked rows: already 0
             bp = bal_ptr + (b * Hkv + h // group).to(tl.int64) * (3 * DP)
-            qr = _rotate(finite_or(q, 0.0), bp, BLOCK_M, DP, BALANCE)
+            qr = _rotate(finite_or(q, 0.0), bp, BLOCK_M, DP, BALANCE, SOFT_FP8_CAST, HIP)
         else:
             qr = q
         if TENSOR_SCALES:
