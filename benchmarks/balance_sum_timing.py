@@ -16,10 +16,8 @@ SHAPES = {"cog": (1, 48, 17776, 64), "wan720": (1, 40, 75600, 128)}
 # name -> (recipe, quantize.BAL_MODE)
 VARIANTS = {
     "default": ("int8qk-fp8pv", 1),
-    "rot": ("int8qk-fp8pv-rot", 1),
     "bal-tlsum": ("int8qk-fp8pv-bal", 1),
     "bal-rn": ("int8qk-fp8pv-bal", 3),
-    "bal-fixed-rn": ("int8qk-fp8pv-bal", 4),
 }
 
 
