@@ -440,10 +440,9 @@ def quantize_kv_kernel(
     ``kv_channel_stats_kernel(KBLK)`` stored in ``kblk`` (bitwise the amax a program spanning
     the block would take, and its non-finite flag; with ``ROTATE``, of the rotated K, equal to
     it up to fp32 rounding, since the rotated mean is subtracted after the rotation): programs
-    of fewer rows, which spill far
-    less than 256-row ones at D=128 (H200, 2026-12-03: the Wan 720p quantization 3.2 ms
-    against 3.7; ``tuning.Quantization.kv_rows`` says where it runs). V's grid factor follows
-    the attention kernel's block.
+    of fewer rows, which spill far less than 256-row ones at D=128 (H200, 2026-12-03: the Wan
+    720p quantization 3.2 ms against 3.7; ``tuning.Quantization.kv_rows`` says where it runs).
+    V's grid factor follows the attention kernel's block.
 
     ``KV_PERM16`` (the Gluon sm_90 kernel): V^T's token j = 16a + 8h + 2c + e is stored at
     column 16a + 4c + 2h + e, the order in which that kernel's P registers feed the PV dot.
