@@ -32,6 +32,8 @@ from .kernels.quantize import (
 from .plan import Plan
 from .recipes import Recipe
 
+BAL_MODE = 5  # x . u: 1 tl.sum, 5 the halving tree
+
 LOG2E = 1.4426950408889634
 
 
@@ -171,7 +173,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, CHUNK=plan.stats_chunk,
             SUB=(quant.stats_sub_elems_interpret if soft else quant.stats_sub_elems) // Dp,
             KBLK=BN if kamax_stats else 0,
-            bal_ptr=bal_k, ROTATE=recipe.rotate and kamax_stats, BALANCE=recipe.balance,
+            bal_ptr=bal_k, ROTATE=recipe.rotate and kamax_stats, BALANCE=recipe.balance and BAL_MODE,
             num_warps=quant.stats_warps, SOFT_CAST=soft, HIP=tgt.hip, **rope_args,
         )
         kv_stats_finalize_kernel[(Hkv, B)](
@@ -189,7 +191,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             TENSOR_SCALES=tensor_scales, PV_BF16=pv_bf16, ROTATE=recipe.rotate,
             KV_PERM16=kv_perm16, k8lo_ptr=ws.k8lo if two_term else ws.k8, TWO_TERM=two_term,
             SUBBLOCKS=n_prog, kblk_ptr=kblk, KAMAX_FROM_STATS=kamax_stats,
-            BALANCE=recipe.balance,
+            BALANCE=recipe.balance and BAL_MODE,
             num_warps=tile_warps(rows, Dp, tgt.warp_size), HIP=tgt.hip,
             **fmt.constexprs(), **rope_args,
         )
@@ -202,7 +204,7 @@ def quantize_stage(plan: Plan, recipe: Recipe, scale: float,
             DP=Dp, BLOCK_M=BM // q_sub, SMOOTH_K=recipe.smooth_k,
             QK_INT8=qk_int8, SOFT_FP8_CAST=soft, TENSOR_SCALES=tensor_scales,
             ROTATE=recipe.rotate, q8lo_ptr=ws.q8lo if two_term else ws.q8, TWO_TERM=two_term,
-            SUBBLOCKS=q_sub, BALANCE=recipe.balance,
+            SUBBLOCKS=q_sub, BALANCE=recipe.balance and BAL_MODE,
             num_warps=tile_warps(BM // q_sub, Dp, tgt.warp_size), HIP=tgt.hip,
             **fmt.constexprs(), **rope_args,
         )

@@ -173,6 +173,18 @@ def _fwht(x, ROWS: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
+def _row_sum_fixed_order(x, ROWS: tl.constexpr, DP: tl.constexpr):
+    """Each of the ``ROWS`` rows' sum over its ``DP`` channels (a power of two) by a halving
+    tree: neighbouring channels, then neighbouring pairs, and so on. The adds pair the same
+    channels whatever the register layout, where ``tl.sum`` adds in the layout's order (which
+    the fused rotary embedding changes)."""
+    for i in tl.static_range(DP.bit_length() - 1):
+        a, b = tl.split(tl.reshape(x, [ROWS, DP >> (i + 1), 2]))
+        x = a + b
+    return tl.reshape(x, [ROWS])
+
+
+@triton.jit
 def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.constexpr = False,
             SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False):
     """``x @ R`` for the orthonormal Hadamard matrix R = H / sqrt(DP) (recipes with ``rotate``,
@@ -188,14 +200,16 @@ def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.conste
     update, a channel scale and the rotation. Each product is rounded on its own (``mul_rn``):
     contracted into FMAs with the adds that follow, as the compiler chose per kernel, the fused
     rotary embedding's programs rounded otherwise than the unfused ones (H100, triton 3.6).
-    ``x . u`` adds in the order of the register layout, which the fused rotary changes; a
-    fixed order cost more than the recipe (docs/design.md)."""
+    ``x . u`` adds in a fixed order (``_row_sum_fixed_order``) for the same reason."""
     if BALANCE:
         offs = tl.arange(0, DP)
         u = tl.load(bal_ptr + offs)
         cu = tl.load(bal_ptr + DP + offs)
         w = tl.load(bal_ptr + 2 * DP + offs)
-        xu = tl.sum(mul_rn(x, u[None, :], SOFT_CAST, HIP), 1)
+        if BALANCE == 1:
+            xu = tl.sum(mul_rn(x, u[None, :], SOFT_CAST, HIP), 1)
+        else:
+            xu = _row_sum_fixed_order(mul_rn(x, u[None, :], SOFT_CAST, HIP), ROWS, DP)
         x = x + mul_rn(xu[:, None], cu[None, :], SOFT_CAST, HIP)
         x = mul_rn(x, w[None, :], SOFT_CAST, HIP)
     return _fwht(x, ROWS, DP) * (1.0 / tl.sqrt(DP * 1.0))
