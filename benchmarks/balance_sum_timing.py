@@ -1,5 +1,5 @@
 """The balance recipes' rank-one update before the rotation with its products rounded on their
-own (``mul_rn``) and its x . u by ``tl.sum`` or a fixed-order halving tree (``quantize.BAL_MODE``)
+own (``mul_rn``) and its x . u by ``tl.sum`` or as integers on a per-row grid (``quantize.BAL_MODE``)
 against the plain expression, in one process, interleaved:
 end-to-end ``fp8dit.attention`` and the quantization alone, beside the default recipe; then
 both against fp64 on inputs with a K bias and outlier channels.
@@ -17,7 +17,7 @@ SHAPES = {"cog": (1, 48, 17776, 64), "wan720": (1, 40, 75600, 128)}
 VARIANTS = {
     "default": ("int8qk-fp8pv", 1),
     "bal-tlsum": ("int8qk-fp8pv-bal", 1),
-    "bal-tree": ("int8qk-fp8pv-bal", 5),
+    "bal-int": ("int8qk-fp8pv-bal", 6),
 }
 
 

@@ -32,7 +32,7 @@ from .kernels.quantize import (
 from .plan import Plan
 from .recipes import Recipe
 
-BAL_MODE = 5  # x . u: 1 tl.sum, 5 the halving tree
+BAL_MODE = 6  # x . u: 1 tl.sum, 5 the halving tree, 6 integers on a per-row grid
 
 LOG2E = 1.4426950408889634
 

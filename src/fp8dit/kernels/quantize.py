@@ -185,6 +185,25 @@ def _row_sum_fixed_order(x, ROWS: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
+def _row_sum_order_free(p, ROWS: tl.constexpr, DP: tl.constexpr):
+    """Each of the ``ROWS`` rows' sum over its ``DP`` channels (a power of two, at most 256),
+    the same whatever order the adds run in: each term is put on one fixed-point grid per row,
+    set by the row's largest term (its exponent; ``max`` is exact in any order), truncated to an
+    int32 there, and the integers are added (exact, so in any order). The largest term gets
+    ``30 - log2(DP)`` bits, so the sum cannot overflow; a term below the grid's step is lost, as
+    in a float sum. ``tl.sum`` of the floats adds in the order of the register layout, which
+    the fused rotary embedding changes."""
+    K: tl.constexpr = 31 - DP.bit_length()
+    m = tl.max(tl.abs(p), 1)
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent: m in [2^(e-127), 2^(e-126))
+    e = tl.minimum(tl.maximum(e, K), 254)  # a row of zeros or of tiny terms: the coarsest grid
+    up = ((K + 253 - e) << 23).to(tl.float32, bitcast=True)  # 2^(K + 126 - e): m*up < 2^K
+    down = ((e + 1 - K) << 23).to(tl.float32, bitcast=True)  # 1 / up
+    n = (p * up[:, None]).to(tl.int32)
+    return tl.sum(n, 1).to(tl.float32) * down
+
+
+@triton.jit
 def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.constexpr = False,
             SOFT_CAST: tl.constexpr = False, HIP: tl.constexpr = False):
     """``x @ R`` for the orthonormal Hadamard matrix R = H / sqrt(DP) (recipes with ``rotate``,
@@ -208,8 +227,10 @@ def _rotate(x, bal_ptr, ROWS: tl.constexpr, DP: tl.constexpr, BALANCE: tl.conste
         w = tl.load(bal_ptr + 2 * DP + offs)
         if BALANCE == 1:
             xu = tl.sum(mul_rn(x, u[None, :], SOFT_CAST, HIP), 1)
-        else:
+        elif BALANCE == 5:
             xu = _row_sum_fixed_order(mul_rn(x, u[None, :], SOFT_CAST, HIP), ROWS, DP)
+        else:
+            xu = _row_sum_order_free(mul_rn(x, u[None, :], SOFT_CAST, HIP), ROWS, DP)
         x = x + mul_rn(xu[:, None], cu[None, :], SOFT_CAST, HIP)
         x = mul_rn(x, w[None, :], SOFT_CAST, HIP)
     return _fwht(x, ROWS, DP) * (1.0 / tl.sqrt(DP * 1.0))
