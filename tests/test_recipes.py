@@ -17,6 +17,7 @@ import triton.language as tl
 import fp8dit
 from fp8dit import attend, quantize, testing
 from fp8dit.kernels.common import to_bf16
+from fp8dit.kernels.quantize import _row_sum_order_free
 from fp8dit.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from fp8dit.testing import (
     attention_emulated,
@@ -298,6 +299,44 @@ def test_soft_bf16_cast_rounds_to_nearest_even():
     assert torch.equal(torch.isnan(y), torch.isnan(want))
     fin = ~torch.isnan(want)
     assert torch.equal(y[fin], want[fin])
+
+
+@triton.jit
+def _row_sum_kernel(p_ptr, out_ptr, ROWS: tl.constexpr, DP: tl.constexpr):
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, DP)
+    tl.store(out_ptr + r, _row_sum_order_free(tl.load(p_ptr + r[:, None] * DP + c[None, :]),
+                                              ROWS, DP))
+
+
+@pytest.mark.parametrize("dp", [16, 64, 256])
+def test_balance_row_sum_is_the_same_in_any_channel_order(dp):
+    """The balance transform's x . u: the same bits whatever order the channels come in (a
+    float sum follows it: compiled, the register layout's, which the fused rotary changes), and
+    within the fixed-point grid's steps of the exact sum."""
+    g = torch.Generator().manual_seed(dp)
+    p = torch.randn(16, dp, generator=g) * 10.0 ** (torch.rand(16, dp, generator=g) * 6 - 3)
+    p[1] = 0.0  # no terms
+    p[2] = 0.0
+    p[2, 5] = -3.25  # one term
+    p[3] *= 1e-36  # tiny terms, some below the coarsest grid
+    p[4] *= 3e38 / dp / p[4].abs().max()  # the largest terms whose sum stays finite
+    p[5] = torch.where(torch.arange(dp) % 2 == 0, 1e6, -1e6) + torch.arange(dp)  # cancellation
+    perm = torch.randperm(dp, generator=g)
+    sums = []
+    for x in (p, p[:, perm].contiguous(), p.flip(1).contiguous()):
+        out = torch.empty(16, device=DEVICE)
+        _row_sum_kernel[(1,)](x.to(DEVICE), out, ROWS=16, DP=dp)
+        sums.append(out.cpu())
+    assert torch.equal(sums[0], sums[1]) and torch.equal(sums[0], sums[2])
+    exact = p.double().sum(1)
+    k = 31 - dp.bit_length()  # bits of the row's largest term on the grid
+    m = p.abs().amax(1).double()
+    top = torch.floor(torch.log2(m.clamp_min(1e-300))).clamp_min(k - 127)
+    step = 2.0 ** (top + 1 - k)  # the grid's unit: each term loses less than one
+    bound = dp * step + exact.abs() * 2.0**-23
+    assert torch.all((sums[0].double() - exact).abs() <= bound), (sums[0], exact)
+    assert sums[0][1] == 0 and sums[0][2] == -3.25
 
 
 def test_recipe_validation():
