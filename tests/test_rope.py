@@ -46,12 +46,7 @@ def test_fused_rotation_is_bitwise_rotate_then_attend(device, table_dtype, S, H,
     got = fp8dit.attention(q, k, v, layout=layout, backend="fp8", return_lse=True,
                            rotary=(cos, sin))
     _equal(got[0], want[0])
-    if torch.cuda.is_available():
-        # q . mean(K), added to the LSE, sums in another order on the GPU: the rotated tile's
-        # register layout differs (seen on the H200)
-        torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
-    else:
-        _equal(got[1], want[1])
+    _equal(got[1], want[1])
     # the rotation did something: without it the result is another one
     plain = fp8dit.attention(q, k, v, layout=layout, backend="fp8")
     assert (plain.float() - got[0].float()).abs().max() > 0.05
@@ -192,10 +187,7 @@ def test_fused_apply_rotary_emb_is_bitwise_rotate_then_attend(device, table_dtyp
     want = fp8dit.attention(qr, kr, v, layout=layout, backend="fp8", return_lse=True)
     got = fp8dit.attention(q, k, v, layout=layout, backend="fp8", return_lse=True, rotary=rot)
     _equal(got[0], want[0])
-    if torch.cuda.is_available():  # q . mean(K)'s order (as above)
-        torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5)
-    else:
-        _equal(got[1], want[1])
+    _equal(got[1], want[1])
     # the style matters with these tables: Wan's arithmetic gives another result
     wan = fp8dit.attention(q, k, v, layout=layout, backend="fp8",
                            rotary=fp8dit.Rotary(cos, sin, start, "wan")

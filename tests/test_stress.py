@@ -385,8 +385,7 @@ def test_balance_recipe_fused_rotary_is_bitwise_rotate_first(d):
     got = fp8dit.attention(q, k, v, backend="fp8", recipe=BALANCED, return_lse=True,
                            rotary=(cos, sin))
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    atol = 1e-5 if torch.cuda.is_available() else 0  # q . mean(K)'s sum order (test_rope.py)
-    torch.testing.assert_close(got[1], want[1], rtol=0, atol=atol)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
 
 
 def test_balance_recipe_with_key_lengths_and_compile():

@@ -667,7 +667,10 @@ def quantize_q_kernel(
         if SMOOTH_K:
             if k_len > 0:
                 k_mean = tl.load(k_mean_ptr + (b * Hkv + h // group) * DP + offs_d)
-                corr = tl.sum(q * k_mean[None, :], 1) * sm_scale
+                # summed as integers (``_row_sum_order_free``), each product rounded on its
+                # own: the fused rotary embedding's register layout then leaves the LSE as is
+                corr = _row_sum_order_free(mul_rn(q, k_mean[None, :], SOFT_FP8_CAST, HIP),
+                                           BLOCK_M, DP) * sm_scale
         tl.store(q_lse_corr_ptr + prow0 + loc, corr)
 
 
