@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Generated blocks each file must keep (deleting a block would silently drop its check).
 REQUIRED = {
     "README.md": {"readme-speed", "readme-quality", "triton-fallback", "h100-headline"},
-    "docs/performance.md": {"speed", "repeat", "kernels", "by-length", "forward", "h100-speed",
-                            "h100-models"},
+    "docs/performance.md": {"speed", "repeat", "kernels", "by-length", "forward", "h100-speed"},
     "docs/accuracy.md": {"quality-by-preset", "h100-quality"},
 }
 # Files whose every table of speed figures must be generated (the others also hold hand-kept
@@ -32,12 +31,11 @@ H100_FILE = "nvidia-h100-80gb-hbm3.json"
 SPEED_TABLES = (
     ("README.md", "readme-speed", "headline", "nvidia-h200.json"),
     ("docs/performance.md", "h100-speed", "h100", H100_FILE),
-    ("docs/performance.md", "h100-models", "h100-models", H100_FILE),
 )
 # Their peers' columns, by how the header begins.
 PEER_COLUMNS = {"cuDNN FP8": "cudnn-fp8", "SageAttention": "sageattn"}
 H100_BLOCKS = (("README.md", "h100-headline"), ("docs/performance.md", "h100-speed"),
-               ("docs/performance.md", "h100-models"), ("docs/accuracy.md", "h100-quality"))
+               ("docs/accuracy.md", "h100-quality"))
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +154,15 @@ def test_the_h100_blocks_are_the_h100_run_alone(rel, name):
     h100 = {c for run, c in report.RUNS.items() if run in report.RUN_SOURCES}
     h200 = ({c for run, c in report.RUNS.items() if run not in report.RUN_SOURCES}
             | {commit for _, commit, *_ in report.FORWARD_ROWS})
-    assert h100 == {"d850617"} and not h100 & h200
-    assert "H100 80GB HBM3" in text and "d850617" in text and "H200" not in text
+    (commit,) = h100
+    assert commit not in h200
+    assert "H100 80GB HBM3" in text and commit in text and "H200" not in text
     assert not [c for c in h200 if c in text], f"{name} names an H200 run"
 
 
 def test_the_h100_quality_spans_the_h100_rows():
-    """The fp8dit row of the H100's quality table is the span over both H100 runs' rows."""
-    rows = _bench_run(H100_FILE, "h100") + _bench_run(H100_FILE, "h100-models")
+    """The fp8dit row of the H100's quality table is the span over the H100 run's rows."""
+    rows = _bench_run(H100_FILE, "h100")
     line = next(ln for ln in _block(_text("docs/accuracy.md"), "h100-quality")
                 if ln.startswith("| fp8dit"))
     for key, fmt in (("cos_vs_ref", ".5f"), ("rel_l1_vs_ref", ".4f")):

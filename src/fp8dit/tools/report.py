@@ -39,22 +39,19 @@ RUNS = {
     "repeat": "969c502",
     "triton-kernel": "0aa92d8",
     "by-length": "3c17f97",
-    # One H100 80GB HBM3: `fp8dit bench --preset all`, then `--preset models` (RUN_SOURCES).
-    "h100": "d850617",
-    "h100-models": "d850617",
+    # One H100 80GB HBM3: one `fp8dit bench --preset all,models` call (RUN_SOURCES).
+    "h100": "0782e1d",
 }
 
 # The `fp8dit bench` results files, by the key of load_results' answer that holds their rows.
 BENCH_FILES = {"attention": "nvidia-h200.json", "h100": "nvidia-h100-80gb-hbm3.json"}
 
 # Runs that are not every row of their commit in nvidia-h200.json: run -> (the BENCH_FILES key
-# of their file, the date `fp8dit bench` gave their rows). The H100 file's rows of d850617 are
-# two bench calls on one card, one date each, then an interleaved comparison of Triton releases
-# on a second card (triton 3.6, 3.8 and 3.9 at Wan2.2 720p): the date keeps each table to one
-# call and the comparison out.
+# of their file, the date `fp8dit bench` gave their rows). The H100 file holds several runs of
+# one commit on some days (bench calls, interleaved comparisons of Triton releases): the date
+# keeps each table to one call.
 RUN_SOURCES = {
-    "h100": ("h100", "2026-12-06T10:17:11Z"),
-    "h100-models": ("h100", "2026-12-06T10:18:47Z"),
+    "h100": ("h100", "2026-12-07T08:33:00Z"),
 }
 
 # Preset (bench name) -> how the docs name the model and resolution.
@@ -318,8 +315,8 @@ def readme_quality(results, runs: tuple[str, ...] = ("headline",),
 
 def h100_quality(results) -> str:
     return (_run_line(run_rows(results, "h100"), "h100") + "; i.i.d. normal inputs.\n\n"
-            + readme_quality(results, ("h100", "h100-models"),
-                             "every preset of performance.md's H100 tables"))
+            + readme_quality(results, ("h100",),
+                             "every preset of performance.md's H100 table"))
 
 
 def h100_headline(results) -> str:
@@ -499,7 +496,6 @@ BLOCKS: dict[str, Callable[[dict], str]] = {
     "forward": forward,
     "quality-by-preset": quality_by_preset,
     "h100-speed": partial(readme_speed, run="h100"),
-    "h100-models": partial(readme_speed, run="h100-models"),
     "h100-quality": h100_quality,
     "h100-headline": h100_headline,
 }
