@@ -92,3 +92,16 @@ def test_format_fields_are_checked():
         PVFormat("x", p="fp8", p_ref="block")
     with pytest.raises(ValueError, match="int8 V"):
         PVFormat("x", v="fp8", v_scale="block")
+
+
+def test_fp8_p_alone_sits_at_the_normal_bound():
+    """Each operand's share of fp8's floor (docs/accuracy.md, "What the numbers say"): with V
+    exact, e4m3 P alone is ~2/3 of today's P·V error on normal inputs, at the 0.025 bound with Q
+    and K exact and above it with the default's int8 Q·K; V's share is as large."""
+    fp8, _ = _err("normal", "fp8")
+    p_only, _ = _err("normal", "fp8-p-only")
+    v_only, _ = _err("normal", "fp8-v-only")
+    p_only_int8qk, _ = _err("normal", "fp8-p-only", exact_qk=False)
+    assert 0.6 * fp8 < p_only < 0.75 * fp8 and 0.022 < p_only < 0.027, (fp8, p_only)
+    assert 0.6 * fp8 < v_only < 0.8 * fp8, (fp8, v_only)
+    assert p_only_int8qk > 0.025, p_only_int8qk

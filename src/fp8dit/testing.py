@@ -523,6 +523,9 @@ PV_FORMATS: dict[str, PVFormat] = {
     for f in (
         PVFormat("fp8", p="fp8", v="fp8"),
         PVFormat("fp8-rowsum-dot", p="fp8", v="fp8", row_sum="rounded"),
+        # each operand's share of today's error: the other one left exact
+        PVFormat("fp8-p-only", p="fp8", v="exact"),
+        PVFormat("fp8-v-only", p="exact", v="fp8"),
         PVFormat("u8-running-rowsum-dot", p="u8", p_ref="running", v="int8", row_sum="rounded"),
         PVFormat("u8-running", p="u8", p_ref="running", v="int8"),
         PVFormat("u8-block", p="u8", p_ref="block", v="int8"),
